@@ -1,0 +1,115 @@
+import SystemPackage
+
+/// Where a download goes.
+public enum Destination: Sendable, Equatable {
+    /// Exactly this path (a free name beside it if a foreign file is there and overwriting is off).
+    case file(FilePath)
+    /// Into this directory, under the name the server suggests (`Content-Disposition`), else the
+    /// URL's last path segment, else `download`.
+    case directory(FilePath)
+}
+
+/// One download to perform.
+public struct DownloadRequest: Sendable {
+    /// The http or https URL the user gave; every run starts from it (redirects are followed anew).
+    public var url: String
+    /// Where the file goes.
+    public var destination: Destination
+    /// A digest the finished file must have.
+    public var checksum: ExpectedDigest?
+    /// Replace an existing file at the target instead of choosing a free name.
+    public var overwrite: Bool
+    /// Throw away any partial download and start from zero.
+    public var restart: Bool
+
+    /// A request.
+    public init(
+        url: String, destination: Destination, checksum: ExpectedDigest? = nil, overwrite: Bool = false,
+        restart: Bool = false
+    ) {
+        self.url = url
+        self.destination = destination
+        self.checksum = checksum
+        self.overwrite = overwrite
+        self.restart = restart
+    }
+}
+
+/// Engine settings that are not about one file.
+public struct DownloadOptions: Sendable {
+    /// How often durable progress is recorded, in seconds: the most a kill -9 can cost.
+    public var checkpointInterval: Double = 1
+    /// How often progress is reported, in seconds.
+    public var progressInterval: Double = 0.1
+    /// Retry and backoff.
+    public var retry = RetryPolicy()
+    /// Redirects followed per request before giving up.
+    public var maxRedirects = 10
+    /// Allow https-to-http redirects (and, in the transport, unverified TLS).
+    public var allowInsecureRedirects = false
+    /// Where completion records go when the file system has no extended attributes; nil for
+    /// the platform default (``StateDirectory/default``).
+    public var stateDirectory: FilePath?
+
+    /// Default options.
+    public init() {}
+}
+
+/// How a download ended well.
+public enum DownloadOutcome: Sendable, Equatable {
+    /// The file was downloaded (or finished from a partial download).
+    case downloaded
+    /// A previous download is at the target and the server says it has not changed.
+    case unchanged
+}
+
+/// The result of a download.
+public struct DownloadResult: Sendable {
+    /// What happened.
+    public var outcome: DownloadOutcome
+    /// The final path.
+    public var path: FilePath
+    /// The file's size.
+    public var size: Int64
+    /// Body bytes received over the network in this run (including any discarded).
+    public var bytesTransferred: Int64
+    /// Bytes that were already on disk when this run started.
+    public var resumedFrom: Int64
+    /// Wall time of this run, in seconds.
+    public var elapsed: Double
+}
+
+/// Progress of a running download.
+public struct DownloadProgress: Sendable, Equatable {
+    /// Bytes held (durable or written), from the start of the file.
+    public var bytesDone: Int64
+    /// The complete length, when known.
+    public var totalBytes: Int64?
+    /// Speed smoothed over the last few seconds, bytes per second.
+    public var bytesPerSecond: Double
+    /// Estimated seconds to finish, when the length and a speed are known.
+    public var secondsLeft: Double? {
+        guard let total = totalBytes, bytesPerSecond > 0 else { return nil }
+        return Double(max(0, total - bytesDone)) / bytesPerSecond
+    }
+    /// Fraction done, when the length is known.
+    public var fraction: Double? {
+        guard let total = totalBytes, total > 0 else { return totalBytes == 0 ? 1 : nil }
+        return min(1, Double(bytesDone) / Double(total))
+    }
+
+    /// A progress value.
+    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double) {
+        self.bytesDone = bytesDone
+        self.totalBytes = totalBytes
+        self.bytesPerSecond = bytesPerSecond
+    }
+}
+
+/// What a running download tells its observer.
+public enum DownloadEvent: Sendable {
+    /// Progress, at most every ``DownloadOptions/progressInterval``.
+    case progress(DownloadProgress)
+    /// Something a person should know (resuming, starting over and why, a retry, a new name).
+    case notice(String)
+}

@@ -1,0 +1,60 @@
+import SystemPackage
+
+/// Why a download stopped. Each case belongs to a ``PickupError/Category`` that the CLI turns
+/// into its exit code.
+public enum PickupError: Error, Sendable, CustomStringConvertible {
+    /// The URL or an option is unusable.
+    case invalidInput(String)
+    /// The network failed and retries (which resume each time) ran out.
+    case network(String)
+    /// The server refused (4xx) or broke the protocol.
+    case server(status: Int?, String)
+    /// The finished bytes do not match the expected digest; nothing was put at the target.
+    case verification(String)
+    /// A file-system call failed (disk full, permission denied, ...). Bytes already durable stay.
+    case fileSystem(String, Errno)
+    /// A file is already at the target and overwriting was not allowed.
+    case targetExists(String)
+    /// The download was interrupted (signal or cancellation) after checkpointing.
+    case interrupted
+
+    /// A file-system error from an untyped throw (swift-system throws `Errno` untyped).
+    static func io(_ path: String, _ error: any Error) -> PickupError {
+        .fileSystem(path, (error as? Errno) ?? .ioError)
+    }
+
+    /// Broad kinds of failure, each with its own exit code.
+    public enum Category: Sendable {
+        case usage, network, server, verification, fileSystem, interrupted
+    }
+
+    /// The kind of failure.
+    public var category: Category {
+        switch self {
+        case .invalidInput: .usage
+        case .network: .network
+        case .server: .server
+        case .verification: .verification
+        case .fileSystem, .targetExists: .fileSystem
+        case .interrupted: .interrupted
+        }
+    }
+
+    /// One line for a person.
+    public var description: String {
+        switch self {
+        case .invalidInput(let m): return m
+        case .network(let m): return "network failure: \(m)"
+        case .server(_, let m): return "server error: \(m)"
+        case .verification(let m): return "verification failed: \(m)"
+        case .fileSystem(let path, let errno):
+            switch errno {
+            case .noSpace: return "disk full while writing \(path); free some space and run again to resume"
+            case .permissionDenied, .notPermitted: return "permission denied: \(path)"
+            default: return "\(path): \(errno.description)"
+            }
+        case .targetExists(let path): return "\(path) already exists"
+        case .interrupted: return "interrupted"
+        }
+    }
+}

@@ -1,0 +1,94 @@
+import CPickupShims
+import Crypto
+import Foundation
+import SystemPackage
+
+/// What a finished download is: kept with the file (an extended attribute) and in the state
+/// directory, so that a rerun can recognise its own file and ask the server whether it changed.
+public struct CompletionRecord: Codable, Equatable, Sendable {
+    /// The URL the user gave.
+    public var url: String
+    /// The file's name in its directory.
+    public var name: String
+    /// Validators of the representation the file holds.
+    public var validators: Validators?
+    /// The file's length.
+    public var length: Int64
+    /// Modification time (ns since the epoch) when it was finished, to notice a replaced file.
+    public var mtime: Int64
+    /// A digest verified before the file was put in place, when there was one.
+    public var digest: ExpectedDigest?
+}
+
+/// Where Pickup keeps state outside the download directory.
+public enum StateDirectory {
+    /// `$PICKUP_STATE_DIR`, else `$XDG_STATE_HOME/pickup`, else `~/.local/state/pickup`
+    /// (`~/Library/Application Support/Pickup` on Apple platforms).
+    public static var `default`: FilePath {
+        let env = ProcessInfo.processInfo.environment
+        if let p = env["PICKUP_STATE_DIR"], !p.isEmpty { return FilePath(p) }
+        #if canImport(Darwin)
+        return FilePath(NSHomeDirectory()).appending("Library/Application Support/Pickup")
+        #else
+        if let x = env["XDG_STATE_HOME"], !x.isEmpty { return FilePath(x).appending("pickup") }
+        return FilePath(NSHomeDirectory()).appending(".local/state/pickup")
+        #endif
+    }
+}
+
+/// Reads and writes completion records.
+public struct CompletionStore: Sendable {
+    static let attribute = "user.pickup.completed"
+    /// The state directory.
+    public let stateDirectory: FilePath
+
+    /// A store in `stateDirectory`.
+    public init(stateDirectory: FilePath) { self.stateDirectory = stateDirectory }
+
+    func indexPath(directory: FilePath, url: String) -> FilePath {
+        let key = Hex.encode(Array(SHA256.hash(data: Array("\(directory.string)\n\(url)".utf8)))).prefix(32)
+        return stateDirectory.appending("completed").appending("\(key).json")
+    }
+
+    /// Attaches the record to the open file (before its rename), where extended attributes exist.
+    func attach(_ record: CompletionRecord, to file: PartialFile) {
+        guard let data = try? JSONEncoder().encode(record) else { return }
+        _ = data.withUnsafeBytes { pickup_fsetxattr(file.fd.rawValue, Self.attribute, $0.baseAddress, $0.count) }
+    }
+
+    /// Records the finished file in the state directory (best effort: the file itself is done).
+    func index(_ record: CompletionRecord, directory: FilePath) {
+        let path = indexPath(directory: directory, url: record.url)
+        try? FS.makeDirectories(path.removingLastComponent())
+        guard let data = try? JSONEncoder().encode(record) else { return }
+        let tmp = path.string + ".tmp"
+        if FileManager.default.createFile(atPath: tmp, contents: data) { _ = try? FS.rename(FilePath(tmp), path) }
+    }
+
+    /// The record stored on a file, if any.
+    func attached(to path: FilePath) -> CompletionRecord? {
+        var buf = [UInt8](repeating: 0, count: 16384)
+        let n = buf.withUnsafeMutableBytes { pickup_getxattr(path.string, Self.attribute, $0.baseAddress, $0.count) }
+        guard n > 0 else { return nil }
+        return try? JSONDecoder().decode(CompletionRecord.self, from: Data(buf[0..<n]))
+    }
+
+    /// The finished download of `url` in `directory` (with `name` when the caller fixed the name),
+    /// if the file there is still the one Pickup finished: same URL and length, and either its own
+    /// attribute says so or its modification time is unchanged.
+    public func lookup(url: String, directory: FilePath, name: String?) -> (FilePath, CompletionRecord)? {
+        var candidates: [(FilePath, CompletionRecord?)] = []
+        if let data = FileManager.default.contents(atPath: indexPath(directory: directory, url: url).string),
+            let rec = try? JSONDecoder().decode(CompletionRecord.self, from: data), name == nil || rec.name == name
+        {
+            candidates.append((directory.appending(rec.name), rec))
+        }
+        if let name { candidates.append((directory.appending(name), nil)) }
+        for (path, indexed) in candidates {
+            guard let size = FS.size(path) else { continue }
+            if let rec = attached(to: path), rec.url == url, rec.length == size { return (path, rec) }
+            if let rec = indexed, rec.length == size, rec.mtime == FS.mtime(path) { return (path, rec) }
+        }
+        return nil
+    }
+}

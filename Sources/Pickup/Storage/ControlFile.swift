@@ -1,0 +1,111 @@
+import Crypto
+import Foundation
+import SystemPackage
+
+/// One byte range of the file and how much of it is durably on disk.
+public struct SegmentRecord: Codable, Equatable, Sendable {
+    /// First byte of the range.
+    public var start: Int64
+    /// One past the last byte of the range; nil while the complete length is unknown.
+    public var end: Int64?
+    /// Bytes from `start` on that are written and fsynced.
+    public var done: Int64
+
+    /// A segment.
+    public init(start: Int64, end: Int64?, done: Int64) {
+        self.start = start
+        self.end = end
+        self.done = done
+    }
+}
+
+/// What the control file records about an unfinished download.
+public struct ControlRecord: Codable, Equatable, Sendable {
+    /// The URL the user gave (redirects are followed again on every run).
+    public var url: String
+    /// The final path the file will be renamed to, once chosen.
+    public var target: String?
+    /// Validators of the representation whose bytes are held.
+    public var validators: Validators?
+    /// The complete length, when known.
+    public var totalLength: Int64?
+    /// The byte ranges and their durable progress.
+    public var segments: [SegmentRecord]
+    /// A digest the server announced for the whole representation.
+    public var serverDigest: ExpectedDigest?
+
+    /// A record.
+    public init(
+        url: String, target: String?, validators: Validators?, totalLength: Int64?, segments: [SegmentRecord],
+        serverDigest: ExpectedDigest? = nil
+    ) {
+        self.url = url
+        self.target = target
+        self.validators = validators
+        self.totalLength = totalLength
+        self.segments = segments
+        self.serverDigest = serverDigest
+    }
+
+    /// Bytes durably held in all segments.
+    public var durableBytes: Int64 { segments.reduce(0) { $0 + $1.done } }
+}
+
+/// The control file beside a partial file: written atomically (temp file, fsync, rename, fsync
+/// of the directory) and self-checking, so that a torn or foreign file is treated as absent.
+///
+/// Layout: a line `pickup-control 1 <payload length> <sha-256 of payload, hex>`, then the JSON
+/// payload. Any mismatch of magic, version, length or checksum makes ``load(_:)`` return nil.
+public enum ControlFile {
+    static let magic = "pickup-control"
+    static let version = 1
+
+    /// Encodes a record with its header.
+    public static func encode(_ record: ControlRecord) -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        let payload = Array((try? encoder.encode(record)) ?? Data())
+        let digest = Hex.encode(Array(SHA256.hash(data: payload)))
+        return Array("\(magic) \(version) \(payload.count) \(digest)\n".utf8) + payload
+    }
+
+    /// Decodes bytes written by ``encode(_:)``; nil when torn, foreign or of another version.
+    public static func decode(_ bytes: [UInt8]) -> ControlRecord? {
+        guard let nl = bytes.firstIndex(of: UInt8(ascii: "\n")), nl < 200 else { return nil }
+        let header = String(decoding: bytes[..<nl], as: UTF8.self).split(separator: " ")
+        guard header.count == 4, header[0] == magic, header[1] == "\(version)", let length = Int(header[2])
+        else { return nil }
+        let payload = Array(bytes[(nl + 1)...])
+        guard payload.count == length, Hex.encode(Array(SHA256.hash(data: payload))) == header[3] else { return nil }
+        return try? JSONDecoder().decode(ControlRecord.self, from: Data(payload))
+    }
+
+    /// Reads the control file at `path`; nil when missing or untrustworthy.
+    public static func load(_ path: FilePath) -> ControlRecord? {
+        guard let data = FileManager.default.contents(atPath: path.string) else { return nil }
+        return decode(Array(data))
+    }
+
+    /// Replaces the control file atomically and durably.
+    public static func store(_ record: ControlRecord, at path: FilePath) throws(PickupError) {
+        let tmp = FilePath(path.string + ".tmp")
+        let bytes = encode(record)
+        do {
+            let fd = try FileDescriptor.open(
+                tmp, .writeOnly, options: [.create, .truncate, .closeOnExec], permissions: [.ownerReadWrite])
+            defer { try? fd.close() }
+            _ = try fd.writeAll(bytes)
+            try FS.fsync(fd)
+        } catch {
+            throw .io(tmp.string, error)
+        }
+        try FS.rename(tmp, path)
+        FS.syncDirectory(path.removingLastComponent())
+    }
+
+    /// Removes the control file (and a stray temp file).
+    public static func remove(_ path: FilePath) {
+        FS.remove(path)
+        FS.remove(FilePath(path.string + ".tmp"))
+    }
+}

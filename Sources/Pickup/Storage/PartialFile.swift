@@ -1,0 +1,167 @@
+import SystemPackage
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The file that holds a download's bytes while it is unfinished: positional writes from any
+/// thread, fsync, truncation and preallocation.
+///
+/// Writes go straight to the descriptor with `pwrite`, so several connections can fill their own
+/// ranges of the same file without coordination and without copying.
+public final class PartialFile: Sendable {
+    /// Where the file is.
+    public let path: FilePath
+    let fd: FileDescriptor
+
+    /// Opens (creating if needed) the file for reading and writing, without truncating it.
+    public init(path: FilePath) throws(PickupError) {
+        self.path = path
+        do {
+            fd = try FileDescriptor.open(
+                path, .readWrite, options: [.create, .closeOnExec], permissions: [.ownerReadWrite, .groupRead, .otherRead])
+        } catch {
+            throw .io(path.string, error)
+        }
+    }
+
+    /// Writes all of `bytes` at `offset`. This is the per-chunk path: no allocation.
+    @inline(__always)
+    public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(Errno) {
+        var done = 0
+        while done < bytes.count {
+            let n: Int
+            do {
+                n = try fd.write(toAbsoluteOffset: offset + Int64(done), UnsafeRawBufferPointer(rebasing: bytes[done...]))
+            } catch {
+                throw (error as? Errno) ?? .ioError
+            }
+            if n == 0 { throw Errno.noSpace }
+            done += n
+        }
+    }
+
+    /// Makes every byte written so far durable.
+    public func sync() throws(PickupError) {
+        do { try FS.fsync(fd) } catch { throw .io(path.string, error) }
+    }
+
+    /// The current size on disk.
+    public func size() throws(PickupError) -> Int64 {
+        do {
+            return try fd.seek(offset: 0, from: .end)
+        } catch {
+            throw .io(path.string, error)
+        }
+    }
+
+    /// Cuts or extends the file to `length` bytes.
+    public func truncate(to length: Int64) throws(PickupError) {
+        do { try fd.resize(to: length) } catch { throw .io(path.string, error) }
+    }
+
+    /// Reserves `length` bytes on disk so that a full disk is reported at the start, not at 99 %.
+    /// Uses `fallocate` where the platform has it, else extends the file with `ftruncate`.
+    public func preallocate(_ length: Int64) throws(PickupError) {
+        #if os(Linux)
+        let r = posix_fallocate(fd.rawValue, 0, off_t(length))
+        if r == 0 { return }
+        if r == ENOSPC { throw .fileSystem(path.string, Errno.noSpace) }
+        #endif
+        if try size() < length { try truncate(to: length) }
+    }
+
+    /// Closes the descriptor; the file stays.
+    public func close() {
+        try? fd.close()
+    }
+}
+
+/// Small file-system helpers with the same error type as the rest of the engine.
+enum FS {
+    /// fsync, or on Apple platforms F_FULLFSYNC, which also flushes the drive's cache.
+    static func fsync(_ fd: FileDescriptor) throws(Errno) {
+        #if canImport(Darwin)
+        if fcntl(fd.rawValue, F_FULLFSYNC) == 0 { return }
+        if Darwin.fsync(fd.rawValue) != 0 { throw Errno(rawValue: errno) }
+        #else
+        if Glibc.fsync(fd.rawValue) != 0 { throw Errno(rawValue: errno) }
+        #endif
+    }
+
+    static func exists(_ path: FilePath) -> Bool {
+        var st = stat()
+        return lstat(path.string, &st) == 0
+    }
+
+    static func isDirectory(_ path: FilePath) -> Bool {
+        var st = stat()
+        return stat(path.string, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
+    }
+
+    static func size(_ path: FilePath) -> Int64? {
+        var st = stat()
+        guard stat(path.string, &st) == 0 else { return nil }
+        return Int64(st.st_size)
+    }
+
+    /// Modification time in nanoseconds since the epoch.
+    static func mtime(_ path: FilePath) -> Int64? {
+        var st = stat()
+        guard stat(path.string, &st) == 0 else { return nil }
+        #if canImport(Darwin)
+        return Int64(st.st_mtimespec.tv_sec) * 1_000_000_000 + Int64(st.st_mtimespec.tv_nsec)
+        #else
+        return Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec)
+        #endif
+    }
+
+    static func remove(_ path: FilePath) {
+        _ = unlink(path.string)
+    }
+
+    static func rename(_ from: FilePath, _ to: FilePath) throws(PickupError) {
+        if Foundation_rename(from.string, to.string) != 0 { throw .fileSystem(to.string, Errno(rawValue: errno)) }
+    }
+
+    /// Moves `from` to `to` only if nothing is at `to` (hard link then unlink: atomic, never
+    /// replaces). Falls back to a checked rename on file systems without hard links.
+    static func moveNoReplace(_ from: FilePath, _ to: FilePath) throws(PickupError) {
+        if link(from.string, to.string) == 0 {
+            _ = unlink(from.string)
+            return
+        }
+        let e = errno
+        if e == EEXIST { throw .targetExists(to.string) }
+        if exists(to) { throw .targetExists(to.string) }
+        try rename(from, to)
+    }
+
+    /// fsyncs a directory so that a rename or create in it is durable.
+    static func syncDirectory(_ dir: FilePath) {
+        guard let fd = try? FileDescriptor.open(dir, .readOnly) else { return }
+        try? fsync(fd)
+        try? fd.close()
+    }
+
+    static func makeDirectories(_ path: FilePath) throws(PickupError) {
+        if isDirectory(path) { return }
+        if let parent = path.removingLastComponent() as FilePath?, parent != path, !parent.isEmpty {
+            try makeDirectories(parent)
+        }
+        if mkdir(path.string, 0o755) != 0 && errno != EEXIST {
+            throw .fileSystem(path.string, Errno(rawValue: errno))
+        }
+    }
+}
+
+@inline(__always) private func Foundation_rename(_ a: String, _ b: String) -> Int32 {
+    #if canImport(Glibc)
+    return Glibc.rename(a, b)
+    #else
+    return Darwin.rename(a, b)
+    #endif
+}
+

@@ -1,0 +1,137 @@
+import AsyncHTTPClient
+import NIOCore
+import NIOHTTP1
+import NIOSSL
+
+/// The ``Transport`` on AsyncHTTPClient.
+///
+/// Configured for downloads: no decompression (it would break byte offsets), no automatic
+/// redirects (the engine follows them and refuses https-to-http downgrades), HTTP/1.1 only (so
+/// that several connections per file are several TCP connections), a read timeout that acts as
+/// stall detection, and TLS verified unless ``Options/insecure`` is set.
+public final class HTTPClientTransport: Transport {
+    /// Transport settings.
+    public struct Options: Sendable {
+        /// Seconds to wait for a connection.
+        public var connectTimeout: Double = 15
+        /// Seconds without a byte before a connection counts as stalled and is dropped.
+        public var stallTimeout: Double = 15
+        /// Skip TLS certificate verification.
+        public var insecure: Bool = false
+        /// `User-Agent` sent with every request.
+        public var userAgent: String = "pickup/\(PickupVersion.string)"
+        /// Connections kept per host.
+        public var maxConnectionsPerHost: Int = 32
+
+        /// Default options.
+        public init() {}
+    }
+
+    let client: HTTPClient
+    let defaultHeaders: HTTPHeaders
+
+    /// Creates a transport with its own HTTP client.
+    public init(options: Options = Options()) {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if options.insecure { tls.certificateVerification = .none }
+        var pool = HTTPClient.Configuration.ConnectionPool()
+        pool.concurrentHTTP1ConnectionsPerHostSoftLimit = options.maxConnectionsPerHost
+        var config = HTTPClient.Configuration(
+            tlsConfiguration: tls,
+            redirectConfiguration: .disallow,
+            timeout: .init(
+                connect: .milliseconds(Int64(options.connectTimeout * 1000)),
+                read: .milliseconds(Int64(options.stallTimeout * 1000))),
+            connectionPool: pool,
+            proxy: nil,
+            decompression: .disabled)
+        config.httpVersion = HTTPClient.Configuration.HTTPVersion.http1Only
+        client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: config)
+        defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
+    }
+
+    public func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
+        var headers = defaultHeaders
+        for (name, value) in request.headers { headers.replaceOrAdd(name: name, value: value) }
+        let req: HTTPClient.Request
+        do {
+            req = try HTTPClient.Request(url: request.url, method: .GET, headers: headers)
+        } catch {
+            throw TransportError.fatal("invalid URL \(request.url): \(error)")
+        }
+        let task = client.execute(request: req, delegate: SinkDelegate(sink))
+        do {
+            try await withTaskCancellationHandler {
+                try await task.futureResult.get()
+            } onCancel: {
+                task.cancel()
+            }
+        } catch {
+            try Task.checkCancellation()
+            throw Self.classify(error)
+        }
+    }
+
+    public func shutdown() async {
+        try? await client.shutdown()
+    }
+
+    /// Maps errors of the HTTP stack to transient or fatal; errors the sink threw pass through.
+    static func classify(_ error: any Error) -> any Error {
+        if error is PickupError || error is TransportError || error is CancellationError { return error }
+        if let e = error as? HTTPClientError {
+            if e == .cancelled { return CancellationError() }
+            if e == .readTimeout { return TransportError.transient("stalled: no data within the stall timeout") }
+            if e == .connectTimeout { return TransportError.transient("connection timed out") }
+            if e == .remoteConnectionClosed { return TransportError.transient("connection closed by the server") }
+            if e == .invalidURL || e == .emptyHost || e == .emptyScheme {
+                return TransportError.fatal("invalid URL: \(e)")
+            }
+            return TransportError.transient("\(e)")
+        }
+        let name = String(reflecting: type(of: error))
+        if name.contains("SSL") || name.contains("TLS") || name.contains("Certificate") {
+            return TransportError.fatal("TLS failure: \(error) (use --insecure only if you trust this network)")
+        }
+        if name.contains("HTTPParserError") {
+            return TransportError.transient("response ended early or was malformed (\(error))")
+        }
+        return TransportError.transient("\(error)")
+    }
+}
+
+/// Adapts a ``ResponseSink`` to AsyncHTTPClient's delegate: the body callback writes through
+/// and hands back a future that is already succeeded and reused, so the per-chunk path allocates
+/// nothing of ours.
+final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unchecked Sendable {
+    typealias Response = Void
+    // All calls arrive on the task's event loop, one after another (AsyncHTTPClient's contract),
+    // so `done` needs no lock.
+    let sink: Sink
+    var done: EventLoopFuture<Void>?
+
+    init(_ sink: Sink) { self.sink = sink }
+
+    func didReceiveHead(task: HTTPClient.Task<Void>, _ head: HTTPResponseHead) -> EventLoopFuture<Void> {
+        let ok = task.eventLoop.makeSucceededVoidFuture()
+        done = ok
+        do {
+            try sink.receiveHead(
+                ResponseHead(status: Int(head.status.code), headers: head.headers.map { ($0.name, $0.value) }))
+            return ok
+        } catch {
+            return task.eventLoop.makeFailedFuture(error)
+        }
+    }
+
+    func didReceiveBodyPart(task: HTTPClient.Task<Void>, _ buffer: ByteBuffer) -> EventLoopFuture<Void> {
+        do {
+            try buffer.withUnsafeReadableBytes { try sink.receiveBody($0) }
+            return done!
+        } catch {
+            return task.eventLoop.makeFailedFuture(error)
+        }
+    }
+
+    func didFinishRequest(task: HTTPClient.Task<Void>) throws {}
+}

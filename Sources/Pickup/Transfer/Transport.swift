@@ -1,0 +1,40 @@
+/// A GET to send: the URL and extra header fields (Range, If-Range, conditionals).
+public struct FetchRequest: Sendable {
+    /// Absolute http or https URL.
+    public var url: String
+    /// Header fields to add to the transport's defaults.
+    public var headers: [(name: String, value: String)]
+
+    /// A request.
+    public init(url: String, headers: [(name: String, value: String)] = []) {
+        self.url = url
+        self.headers = headers
+    }
+}
+
+/// Receives one response as it arrives. Calls come in order on one thread at a time; the body
+/// call is the per-chunk hot path and must not allocate, hop or await.
+public protocol ResponseSink: AnyObject, Sendable {
+    /// The response head. Throwing aborts the transfer with that error.
+    func receiveHead(_ head: ResponseHead) throws
+    /// A chunk of the body. Throwing aborts the transfer with that error.
+    func receiveBody(_ bytes: UnsafeRawBufferPointer) throws
+}
+
+/// How a transfer failed, as far as the transport can tell.
+public enum TransportError: Error, Sendable, Equatable {
+    /// Worth retrying: refused, reset, timed out, stalled, closed early.
+    case transient(String)
+    /// Not worth retrying: TLS verification, an unusable URL.
+    case fatal(String)
+}
+
+/// Sends GET requests and streams their responses into a sink. The engine depends only on this,
+/// so tests and other HTTP stacks can stand in for AsyncHTTPClient.
+public protocol Transport: Sendable {
+    /// Performs one request. Returns when the body has ended; throws ``TransportError``, an error
+    /// the sink threw, or `CancellationError`. Redirects are not followed: the sink sees them.
+    func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws
+    /// Releases connections and threads.
+    func shutdown() async
+}

@@ -1,0 +1,130 @@
+import ArgumentParser
+import Foundation
+import Pickup
+import SystemPackage
+
+struct Get: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Download a URL to a file, resuming whatever an earlier run left.",
+        discussion: """
+            The bytes live in NAME.pickup-part with a NAME.pickup-ctl control file beside them until every \
+            byte is there and verified; then the file appears at its path by an atomic rename. \
+            Interrupt it any way you like and run the same command again to continue.
+            """)
+
+    @Argument(help: "The http or https URL to download.")
+    var url: String
+
+    @Option(name: [.short, .customLong("output")], help: ArgumentHelp("Write exactly to this path.", valueName: "path"))
+    var output: String?
+
+    @Option(name: [.short, .customLong("dir")], help: ArgumentHelp(
+        "Download into this directory, named by the server or the URL (default: the current directory).",
+        valueName: "dir"))
+    var dir: String?
+
+    @Option(help: ArgumentHelp("Verify the finished file, e.g. sha-256=HEX (also sha-512, sha-1, md5).", valueName: "algo=hex"))
+    var checksum: String?
+
+    @Flag(help: "Discard any partial download and start from zero.")
+    var restart = false
+
+    @Flag(help: "Replace an existing file at the target instead of choosing a free name.")
+    var overwrite = false
+
+    @Flag(help: "Skip TLS certificate verification and allow https-to-http redirects.")
+    var insecure = false
+
+    @Flag(name: [.short, .long], help: "Print nothing but errors.")
+    var quiet = false
+
+    @Option(help: ArgumentHelp("Seconds without a byte before a connection counts as stalled.", valueName: "seconds"))
+    var stallTimeout: Double = 15
+
+    @Option(help: ArgumentHelp("Attempts in a row without progress before giving up.", valueName: "n"))
+    var retries: Int = 6
+
+    func validate() throws {
+        if output != nil && dir != nil { throw ValidationError("use either -o or -d, not both") }
+        if let checksum, ExpectedDigest(checksumArgument: checksum) == nil {
+            throw ValidationError("--checksum must be ALGO=HEX with ALGO one of sha-256, sha-512, sha-1, md5 and HEX of the right length")
+        }
+        if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
+        if retries < 0 { throw ValidationError("--retries must not be negative") }
+        guard let u = URL(string: url), let scheme = u.scheme?.lowercased(), ["http", "https"].contains(scheme),
+            u.host?.isEmpty == false
+        else { throw ValidationError("not an http or https URL: \(url)") }
+    }
+
+    func run() async throws {
+        let destination: Destination =
+            output.map { .file(FilePath($0)) } ?? .directory(FilePath(dir ?? "."))
+        let request = DownloadRequest(
+            url: url, destination: destination, checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)),
+            overwrite: overwrite, restart: restart)
+        var options = DownloadOptions()
+        options.allowInsecureRedirects = insecure
+        options.retry.maxAttemptsWithoutProgress = retries
+        var transport = HTTPClientTransport.Options()
+        transport.insecure = insecure
+        transport.stallTimeout = stallTimeout
+        let downloader = Downloader(options: options, transport: transport)
+        let display = ProgressDisplay(quiet: quiet)
+        let signals = SignalTrap()
+
+        let task = Task { try await downloader.download(request) { display.handle($0) } }
+        signals.onSignal { _ in task.cancel() }
+        let result = await task.result
+        await downloader.shutdown()
+        display.clear()
+        switch result {
+        case .success(let r):
+            display.finished(r)
+        case .failure(let any):
+            let error = (any as? PickupError) ?? .network("\(any)")
+            if case .interrupted = error {
+                let sig = signals.received ?? SIGINT
+                display.line("pickup: interrupted; the partial download is kept. Run the same command again to resume.")
+                throw ExitCode(sig == SIGTERM ? Exit.terminated : Exit.interrupted)
+            }
+            display.line("pickup: \(error)")
+            throw ExitCode(Self.code(for: error))
+        }
+    }
+
+    static func code(for error: PickupError) -> Int32 {
+        switch error.category {
+        case .usage: Exit.usage
+        case .network: Exit.network
+        case .server: Exit.server
+        case .verification: Exit.verification
+        case .fileSystem: Exit.fileSystem
+        case .interrupted: Exit.interrupted
+        }
+    }
+}
+
+/// Turns SIGINT and SIGTERM into a callback (once), so the download can checkpoint and exit.
+final class SignalTrap: @unchecked Sendable {
+    private let lock = NSLock()
+    private var sources: [DispatchSourceSignal] = []
+    private var signal: Int32?
+
+    var received: Int32? { lock.withLock { signal } }
+
+    func onSignal(_ handler: @escaping @Sendable (Int32) -> Void) {
+        for sig in [SIGINT, SIGTERM] {
+            Foundation.signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { [self] in
+                let first = lock.withLock { () -> Bool in
+                    defer { if signal == nil { signal = sig } }
+                    return signal == nil
+                }
+                if first { handler(sig) }
+            }
+            source.resume()
+            lock.withLock { sources.append(source) }
+        }
+    }
+}

@@ -1,0 +1,60 @@
+import ArgumentParser
+import Foundation
+
+/// Exit codes, documented in the README.
+enum Exit {
+    static let success: Int32 = 0
+    static let failure: Int32 = 1
+    static let usage: Int32 = 2
+    static let network: Int32 = 3
+    static let server: Int32 = 4
+    static let verification: Int32 = 5
+    static let fileSystem: Int32 = 6
+    static let interrupted: Int32 = 130
+    static let terminated: Int32 = 143
+}
+
+struct PickupCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pickup",
+        abstract: "Resumable, crash-safe downloads.",
+        discussion: "Run the same command again after any interruption and the download picks up where it left off.",
+        subcommands: [Get.self])
+}
+
+@main
+enum Main {
+    static func main() async {
+        var command: ParsableCommand
+        do {
+            command = try PickupCommand.parseAsRoot()
+        } catch {
+            let code = PickupCommand.exitCode(for: error)
+            if code == .success {
+                print(PickupCommand.fullMessage(for: error))
+                exit(Exit.success)
+            }
+            FileHandle.standardError.write(Data("pickup: \(PickupCommand.message(for: error))\n".utf8))
+            FileHandle.standardError.write(Data("Run 'pickup --help' for usage.\n".utf8))
+            exit(Exit.usage)
+        }
+        do {
+            if var async = command as? AsyncParsableCommand {
+                try await async.run()
+            } else {
+                try command.run()
+            }
+            exit(Exit.success)
+        } catch let e as ExitCode {
+            exit(e.rawValue)
+        } catch {
+            let code = PickupCommand.exitCode(for: error)
+            if code == .success {
+                print(PickupCommand.fullMessage(for: error))
+                exit(Exit.success)
+            }
+            FileHandle.standardError.write(Data("pickup: \(PickupCommand.message(for: error))\n".utf8))
+            exit(Exit.usage)
+        }
+    }
+}
