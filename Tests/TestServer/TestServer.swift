@@ -1,1 +1,235 @@
-public enum TS {}
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+/// An HTTP/1.1 server on 127.0.0.1 for tests, serving ``Resource``s with injected faults, and
+/// recording every request so tests can assert what the client sent.
+public final class TestServer: Sendable {
+    let channel: any Channel
+    let state: NIOLockedValueBox<State>
+
+    struct State {
+        var resources: [String: Resource] = [:]
+        var log: [RecordedRequest] = []
+    }
+
+    /// The port it listens on.
+    public let port: Int
+    /// `http://127.0.0.1:PORT`.
+    public var baseURL: String { "http://127.0.0.1:\(port)" }
+
+    /// Starts a server on an ephemeral port.
+    public static func start() async throws -> TestServer {
+        let state = NIOLockedValueBox(State())
+        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    var config = HTTPResponseEncoder.Configuration()
+                    config.automaticallySetFramingHeaders = false
+                    let sync = channel.pipeline.syncOperations
+                    try sync.addHandler(HTTPResponseEncoder(configuration: config))
+                    try sync.addHandler(ByteToMessageHandler(HTTPRequestDecoder()))
+                    try sync.addHandler(Handler(state: state))
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        return TestServer(channel: channel, state: state)
+    }
+
+    init(channel: any Channel, state: NIOLockedValueBox<State>) {
+        self.channel = channel
+        self.state = state
+        self.port = channel.localAddress?.port ?? 0
+    }
+
+    /// Stops listening (open connections are left to close by themselves).
+    public func stop() async {
+        try? await channel.close()
+    }
+
+    /// Serves `resource` at `path` (replacing what was there: a "changed on the server" file).
+    public func set(_ path: String, _ resource: Resource) {
+        state.withLockedValue { $0.resources[path] = resource }
+    }
+
+    /// Changes the resource at `path` in place.
+    public func update(_ path: String, _ change: @Sendable (inout Resource) -> Void) {
+        state.withLockedValue { s in
+            if var r = s.resources[path] {
+                change(&r)
+                s.resources[path] = r
+            }
+        }
+    }
+
+    /// Requests received for `path` so far.
+    public func requests(_ path: String) -> [RecordedRequest] {
+        state.withLockedValue { $0.log.filter { $0.uri == path } }
+    }
+
+    /// File bytes sent for `path` (bodies of 200 and 206 responses).
+    public func bytesSent(_ path: String) -> Int {
+        requests(path).filter { $0.status == 200 || $0.status == 206 }.reduce(0) { $0 + $1.bytesSent }
+    }
+
+    /// `URL` of a path on this server.
+    public func url(_ path: String) -> String { baseURL + path }
+}
+
+/// What to send for one request, decided under the lock.
+struct Plan {
+    var status: Int
+    var headers: [(String, String)]
+    var body: ArraySlice<UInt8>
+    var fault: Fault?
+    var rate: Int?
+    var logIndex: Int
+}
+
+final class Handler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    let state: NIOLockedValueBox<TestServer.State>
+    var head: HTTPRequestHead?
+    var busy = false
+
+    init(state: NIOLockedValueBox<TestServer.State>) { self.state = state }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let h): head = h
+        case .body: break
+        case .end:
+            guard let h = head else { return }
+            head = nil
+            let plan = state.withLockedValue { Self.plan(h, state: &$0) }
+            respond(context: context, plan: plan, keepAlive: h.isKeepAlive)
+        }
+    }
+
+    static func plan(_ req: HTTPRequestHead, state: inout TestServer.State) -> Plan {
+        var recorded = [String: String]()
+        for (n, v) in req.headers { recorded[n.lowercased()] = v }
+        state.log.append(RecordedRequest(uri: req.uri, headers: recorded, status: 0, bytesSent: 0))
+        let index = state.log.count - 1
+        let path = String(req.uri.split(separator: "?", maxSplits: 1).first ?? "")
+        guard var r = state.resources[path] ?? state.resources[req.uri] else {
+            return Plan(status: 404, headers: [], body: ArraySlice("not found".utf8), fault: nil, rate: nil, logIndex: index)
+        }
+        if let redirect = r.redirect {
+            return Plan(status: redirect.status, headers: [("Location", redirect.location)], body: [], fault: nil,
+                        rate: nil, logIndex: index)
+        }
+        let fault = r.faults.isEmpty ? nil : r.faults.removeFirst()
+        state.resources[path] = r
+        if case .status(let code, let hs)? = fault {
+            return Plan(status: code, headers: hs.map { ($0.key, $0.value) }, body: ArraySlice("injected \(code)".utf8),
+                        fault: nil, rate: nil, logIndex: index)
+        }
+        var headers: [(String, String)] = []
+        if let e = r.etag { headers.append(("ETag", e)) }
+        if let lm = r.lastModified { headers.append(("Last-Modified", lm)) }
+        if let cd = r.contentDisposition { headers.append(("Content-Disposition", cd)) }
+        if r.acceptRanges { headers.append(("Accept-Ranges", "bytes")) }
+        for (k, v) in r.headers { headers.append((k, v)) }
+        let total = r.body.count
+        // Conditional GET.
+        if let inm = recorded["if-none-match"], let e = r.etag, inm == e || inm == "*" {
+            return Plan(status: 304, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
+        }
+        var status = 200
+        var slice = r.body[...]
+        if r.acceptRanges, fault != .ignoreRange, let range = recorded["range"], let (first, last) = parseRange(range) {
+            var ifRangeOK = true
+            if let ir = recorded["if-range"] {
+                ifRangeOK = (ir.hasPrefix("\"") && ir == r.etag && !(r.etag ?? "").hasPrefix("W/")) || (ir == r.lastModified)
+            }
+            if ifRangeOK {
+                if first >= total {
+                    headers.append(("Content-Range", "bytes */\(total)"))
+                    return Plan(status: 416, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
+                }
+                var start = first
+                if case .shiftContentRange(let k)? = fault { start = min(total - 1, first + k) }
+                let end = min(last ?? (total - 1), total - 1)
+                status = 206
+                slice = r.body[start...end]
+                if case .contentRange(let raw)? = fault {
+                    headers.append(("Content-Range", raw))
+                } else {
+                    headers.append(("Content-Range", "bytes \(start)-\(end)/\(total)"))
+                }
+            }
+        }
+        if r.sendLength { headers.append(("Content-Length", "\(slice.count)")) } else { headers.append(("Connection", "close")) }
+        return Plan(status: status, headers: headers, body: slice, fault: fault, rate: r.bytesPerSecond, logIndex: index)
+    }
+
+    static func parseRange(_ v: String) -> (Int, Int?)? {
+        guard v.hasPrefix("bytes="), !v.contains(",") else { return nil }
+        let parts = v.dropFirst(6).split(separator: "-", omittingEmptySubsequences: false)
+        guard parts.count == 2, let first = Int(parts[0]) else { return nil }
+        if parts[1].isEmpty { return (first, nil) }
+        guard let last = Int(parts[1]), last >= first else { return nil }
+        return (first, last)
+    }
+
+    func respond(context: ChannelHandlerContext, plan: Plan, keepAlive: Bool) {
+        var headers = HTTPHeaders(plan.headers)
+        if plan.body.isEmpty, !headers.contains(name: "Content-Length"), plan.status != 304 {
+            headers.replaceOrAdd(name: "Content-Length", value: "0")
+        } else if plan.status >= 300, plan.status != 304, !headers.contains(name: "Content-Length") {
+            headers.replaceOrAdd(name: "Content-Length", value: "\(plan.body.count)")
+        }
+        let closeAfter = !keepAlive || headers["Connection"].first == "close"
+        headers.add(name: "Date", value: "Sun, 22 Nov 2026 10:00:00 GMT")
+        state.withLockedValue { $0.log[plan.logIndex].status = plan.status }
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: plan.status), headers: headers))), promise: nil)
+        var limit = plan.body.count
+        switch plan.fault {
+        case .dropAfter(let n)?, .stallAfter(let n)?: limit = min(n, plan.body.count)
+        default: break
+        }
+        sendBody(context: context, plan: plan, from: plan.body.startIndex, limit: plan.body.startIndex + limit, closeAfter: closeAfter)
+    }
+
+    func sendBody(context: ChannelHandlerContext, plan: Plan, from: Int, limit: Int, closeAfter: Bool) {
+        let chunk = plan.rate.map { max(1024, min(65536, $0 / 20)) } ?? 65536
+        if from >= limit {
+            switch plan.fault {
+            case .dropAfter?:
+                context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(ByteBuffer()))), promise: nil)
+                context.close(promise: nil)
+            case .stallAfter?:
+                context.flush()  // and never finish: the client must notice the stall
+            default:
+                context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
+                    if closeAfter { context.close(promise: nil) }
+                }
+            }
+            return
+        }
+        let end = min(limit, from + chunk)
+        let buffer = context.channel.allocator.buffer(bytes: plan.body[from..<end])
+        state.withLockedValue { $0.log[plan.logIndex].bytesSent += end - from }
+        let written = context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(buffer))))
+        written.assumeIsolated().whenComplete { result in
+            guard case .success = result else { return }
+            if let rate = plan.rate {
+                let delay = TimeAmount.nanoseconds(Int64(Double(end - from) / Double(rate) * 1e9))
+                context.eventLoop.assumeIsolated().scheduleTask(in: delay) {
+                    self.sendBody(context: context, plan: plan, from: end, limit: limit, closeAfter: closeAfter)
+                }
+            } else {
+                self.sendBody(context: context, plan: plan, from: end, limit: limit, closeAfter: closeAfter)
+            }
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+}

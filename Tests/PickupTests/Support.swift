@@ -1,0 +1,77 @@
+import Foundation
+import Pickup
+import SystemPackage
+import TestServer
+
+/// A temporary directory, removed when the value is released.
+final class TempDir: @unchecked Sendable {
+    let path: FilePath
+    init() {
+        let p = NSTemporaryDirectory() + "pickup-test-" + UUID().uuidString
+        try! FileManager.default.createDirectory(atPath: p, withIntermediateDirectories: true)
+        path = FilePath(p)
+    }
+    deinit { try? FileManager.default.removeItem(atPath: path.string) }
+
+    func file(_ name: String) -> FilePath { path.appending(name) }
+    func read(_ name: String) -> [UInt8]? { FileManager.default.contents(atPath: file(name).string).map(Array.init) }
+    func write(_ name: String, _ bytes: [UInt8]) { _ = FileManager.default.createFile(atPath: file(name).string, contents: Data(bytes)) }
+    var entries: [String] { ((try? FileManager.default.contentsOfDirectory(atPath: path.string)) ?? []).sorted() }
+}
+
+/// Collects notices and progress for assertions.
+final class EventLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var _notices: [String] = []
+    private var _progress: [DownloadProgress] = []
+    var notices: [String] { lock.withLock { _notices } }
+    var progress: [DownloadProgress] { lock.withLock { _progress } }
+    func record(_ e: DownloadEvent) {
+        lock.withLock {
+            switch e {
+            case .notice(let n): _notices.append(n)
+            case .progress(let p): _progress.append(p)
+            }
+        }
+    }
+}
+
+/// A downloader tuned for tests: short stall timeout and backoff, state in its own directory.
+func testDownloader(state: FilePath, stall: Double = 0.5, retries: Int = 6) -> Downloader {
+    var options = DownloadOptions()
+    options.retry = RetryPolicy(maxAttemptsWithoutProgress: retries, baseDelay: 0.01, maxDelay: 0.05)
+    options.stateDirectory = state
+    options.progressInterval = 0.02
+    options.checkpointInterval = 0.1
+    var transport = HTTPClientTransport.Options()
+    transport.stallTimeout = stall
+    transport.connectTimeout = 2
+    return Downloader(options: options, transport: transport)
+}
+
+/// One test's world: a server, a download directory, a state directory and a downloader.
+final class Fixture: @unchecked Sendable {
+    let server: TestServer
+    let dir = TempDir()
+    let state = TempDir()
+    let downloader: Downloader
+    let events = EventLog()
+
+    init(stall: Double = 0.5, retries: Int = 6) async throws {
+        server = try await TestServer.start()
+        downloader = testDownloader(state: state.path, stall: stall, retries: retries)
+    }
+
+    func get(_ path: String, to destination: Destination? = nil, checksum: ExpectedDigest? = nil, overwrite: Bool = false,
+             restart: Bool = false) async throws(PickupError) -> DownloadResult {
+        let events = self.events
+        return try await downloader.download(
+            DownloadRequest(url: server.url(path), destination: destination ?? .directory(dir.path), checksum: checksum,
+                            overwrite: overwrite, restart: restart)) { events.record($0) }
+    }
+
+    func close() async {
+        await downloader.shutdown()
+        await server.stop()
+    }
+}
