@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import NIOSSL
 
 /// The ``Transport`` on AsyncHTTPClient.
@@ -36,6 +37,8 @@ public final class HTTPClientTransport: Transport {
         if options.insecure { tls.certificateVerification = .none }
         var pool = HTTPClient.Configuration.ConnectionPool()
         pool.concurrentHTTP1ConnectionsPerHostSoftLimit = options.maxConnectionsPerHost
+        // A refused connection should reach the engine at once, which retries with its own backoff.
+        pool.retryConnectionEstablishment = false
         var config = HTTPClient.Configuration(
             tlsConfiguration: tls,
             redirectConfiguration: .disallow,
@@ -88,6 +91,14 @@ public final class HTTPClientTransport: Transport {
                 return TransportError.fatal("invalid URL: \(e)")
             }
             return TransportError.transient("\(e)")
+        }
+        if let e = error as? NIOConnectionError {
+            let first = e.connectionErrors.first.map { classify($0.error) }
+            if case .transient(let m)? = first as? TransportError { return TransportError.transient("cannot connect to \(e.host):\(e.port): \(m)") }
+            return TransportError.transient("cannot connect to \(e.host):\(e.port)")
+        }
+        if let e = error as? IOError {
+            return TransportError.transient(String(cString: strerror(e.errnoCode)))
         }
         let name = String(reflecting: type(of: error))
         if name.contains("SSL") || name.contains("TLS") || name.contains("Certificate") {

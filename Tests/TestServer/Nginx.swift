@@ -1,0 +1,116 @@
+import Foundation
+
+/// A real nginx on loopback serving a directory, for integration tests and benchmarks.
+/// `limit_rate` applies under `/slow/`.
+public final class Nginx: @unchecked Sendable {
+    /// Where nginx is installed, if it is.
+    public static var binary: String? {
+        ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/opt/homebrew/bin/nginx", "/usr/local/bin/nginx"]
+            .first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+
+    /// The directory it serves.
+    public let root: String
+    /// The port.
+    public let port: Int
+    let work: String
+    let process: Process
+
+    /// `http://127.0.0.1:PORT`.
+    public var baseURL: String { "http://127.0.0.1:\(port)" }
+
+    /// Starts nginx serving `root`, or throws when nginx is missing or does not come up.
+    public init(root: String, limitRate: String = "2m") throws {
+        guard let binary = Nginx.binary else { throw NSError(domain: "nginx not installed", code: 1) }
+        self.root = root
+        work = NSTemporaryDirectory() + "pickup-nginx-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+        port = try Nginx.freePort()
+        let user = getuid() == 0 ? "user root;" : ""
+        let conf = """
+            \(user)
+            daemon off;
+            master_process off;
+            worker_processes 1;
+            pid \(work)/nginx.pid;
+            error_log \(work)/error.log warn;
+            events { worker_connections 1024; }
+            http {
+                log_format codes '$status $body_bytes_sent';
+                access_log \(work)/access.log codes;
+                client_body_temp_path \(work)/body;
+                proxy_temp_path \(work)/proxy;
+                fastcgi_temp_path \(work)/fastcgi;
+                sendfile on;
+                tcp_nopush on;
+                server {
+                    listen 127.0.0.1:\(port);
+                    root \(root);
+                    location /slow/ { alias \(root)/; limit_rate \(limitRate); }
+                }
+            }
+            """
+        try conf.write(toFile: work + "/nginx.conf", atomically: true, encoding: .utf8)
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = ["-p", work, "-c", work + "/nginx.conf", "-e", work + "/error.log"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let deadline = Date().addingTimeInterval(10)
+        while !Nginx.canConnect(port) {
+            guard Date() < deadline, process.isRunning else {
+                let log = (try? String(contentsOfFile: work + "/error.log", encoding: .utf8)) ?? ""
+                throw NSError(domain: "nginx did not start: \(log)", code: 2)
+            }
+            usleep(20_000)
+        }
+    }
+
+    /// Status codes nginx logged, in order.
+    public var loggedStatuses: [Int] {
+        let log = (try? String(contentsOfFile: work + "/access.log", encoding: .utf8)) ?? ""
+        return log.split(separator: "\n").compactMap { Int($0.split(separator: " ").first ?? "") }
+    }
+
+    /// Stops nginx.
+    public func stop() {
+        if process.isRunning {
+            // SIGKILL: a child spawned from a thread that blocks signals may not see SIGTERM.
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        try? FileManager.default.removeItem(atPath: work)
+    }
+
+    deinit { stop() }
+
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = 0
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0
+            }
+        }
+        guard ok else { throw NSError(domain: "no free port", code: 3) }
+        return Int(UInt16(bigEndian: addr.sin_port))
+    }
+
+    static func canConnect(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = UInt16(port).bigEndian
+        return withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+    }
+}
