@@ -26,6 +26,14 @@ struct Get: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Verify the finished file, e.g. sha-256=HEX (also sha-512, sha-1, md5).", valueName: "algo=hex"))
     var checksum: String?
 
+    @Option(name: [.customShort("x"), .long], help: ArgumentHelp(
+        "Connections per file, 1 to 32. More open only once the server answers a range request with a valid 206.",
+        valueName: "n"))
+    var connections: Int = 8
+
+    @Flag(help: "Reserve the whole file on disk when its length is known, so a full disk shows at the start.")
+    var preallocate = false
+
     @Flag(help: "Discard any partial download and start from zero.")
     var restart = false
 
@@ -50,6 +58,7 @@ struct Get: AsyncParsableCommand {
             throw ValidationError("--checksum must be ALGO=HEX with ALGO one of sha-256, sha-512, sha-1, md5 and HEX of the right length")
         }
         if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
+        if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
         if retries < 0 { throw ValidationError("--retries must not be negative") }
         guard let u = URL(string: url), let scheme = u.scheme?.lowercased(), ["http", "https"].contains(scheme),
             u.host?.isEmpty == false
@@ -65,6 +74,8 @@ struct Get: AsyncParsableCommand {
         var options = DownloadOptions()
         options.allowInsecureRedirects = insecure
         options.retry.maxAttemptsWithoutProgress = retries
+        options.connections = connections
+        options.preallocate = preallocate
         var transport = HTTPClientTransport.Options()
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout

@@ -47,15 +47,16 @@ enum CLI {
         return condition()
     }
 
-    /// Starts `pickup get`, waits until the control file claims more than `after` bytes and some
-    /// not-yet-checkpointed bytes are on disk too, then SIGKILLs it. Returns the durable bytes then.
-    static func killMidway(_ args: [String], state: FilePath, control: FilePath, partial: FilePath, after: Int64) throws -> Int64 {
+    /// Starts `pickup get`, waits until the control file claims more than `after` bytes and
+    /// `moreThanDurable` says enough has arrived since, then SIGKILLs it. Returns the durable bytes then.
+    static func killMidway(_ args: [String], state: FilePath, control: FilePath, after: Int64,
+                           moreThanDurable: (Int64) -> Bool = { _ in true }) throws -> Int64 {
         let p = try start(args, state: state)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
         var durable: Int64 = 0
         let reached = waitFor {
             durable = ControlFile.load(control)?.durableBytes ?? 0
-            return durable > after && (FS.size(partial) ?? 0) > durable + 100_000
+            return durable > after && moreThanDurable(durable)
         }
         #expect(reached, "the download did not get past \(after) bytes")
         kill(p.processIdentifier, SIGKILL)
@@ -66,23 +67,30 @@ enum CLI {
 }
 
 @Suite(.serialized) struct CrashTests {
-    @Test func sigkillMidDownloadThenRerunIsByteExactAndRefetchesLittle() async throws {
+    /// SIGKILLs `pickup get -x connections` three times mid-download, reruns to the end, and checks
+    /// the bytes and how much was fetched twice.
+    @Test(arguments: [1, 16])
+    func sigkillMidDownloadThenRerunIsByteExactAndRefetchesLittle(connections: Int) async throws {
         #expect(FileManager.default.isExecutableFile(atPath: CLI.binary), "build the pickup binary first")
         let server = try await TestServer.start()
-        let body = Resource.bytes(count: 12 * 1024 * 1024, seed: 42)
-        let rate = 3 * 1024 * 1024
+        let size = connections == 1 ? 12 * 1024 * 1024 : 32 * 1024 * 1024
+        let body = Resource.bytes(count: size, seed: 42)
+        let rate = connections == 1 ? 3 * 1024 * 1024 : 1024 * 1024  // per connection
         server.set("/big.iso", Resource(body: body, bytesPerSecond: rate))
         let dir = TempDir(), state = TempDir()
         let out = dir.file("big.iso")
-        let args = ["get", server.url("/big.iso"), "-o", out.string, "--quiet"]
-        let control = FilePath(out.string + ".pickup-ctl"), partial = FilePath(out.string + ".pickup-part")
+        let args = ["get", server.url("/big.iso"), "-o", out.string, "--quiet", "-x", "\(connections)"]
+        let control = FilePath(out.string + ".pickup-ctl")
 
         var last: Int64 = 0
         var kills = 0
         for step in 1...3 {
-            let durable = try CLI.killMidway(args, state: state.path, control: control, partial: partial,
-                                             after: Int64(step) * 2 * 1024 * 1024)
+            // Kill at a moment when about half a second has arrived since the last checkpoint.
+            let durable = try CLI.killMidway(args, state: state.path, control: control, after: Int64(step * size / 5)) {
+                Int64(server.bytesSent("/big.iso")) > $0 + Int64(rate * connections / 2)
+            }
             #expect(durable >= last, "durable progress never goes backwards")
+            #expect(ControlFile.load(control)?.segments.count ?? 0 >= connections, "every range is in the control file")
             last = durable
             kills += 1
         }
@@ -91,11 +99,12 @@ enum CLI {
         #expect(dir.read("big.iso") == body)
         #expect(dir.entries == ["big.iso"])
         let waste = server.bytesSent("/big.iso") - body.count
-        print("crash test: \(kills) kills, \(waste) bytes fetched twice (\(String(format: "%.2f", Double(waste) / Double(rate))) s of transfer at the throttled rate)")
+        let perSecond = rate * connections
+        print("crash test (\(connections) connections): \(kills) kills, \(waste) bytes fetched twice, \(String(format: "%.2f", Double(waste) / Double(perSecond * kills))) s of transfer per kill")
         // Each kill may lose what arrived since the last checkpoint (1 s); a generous bound, not a timing assert.
-        #expect(waste <= kills * rate * 2)
+        #expect(waste <= kills * perSecond * 2)
         let requests = server.requests("/big.iso")
-        #expect(requests.dropFirst().allSatisfy { $0.headers["if-range"] == "\"v1\"" })
+        #expect(requests.dropFirst().allSatisfy { $0.headers["range"] == "bytes=0-" || $0.headers["if-range"] == "\"v1\"" })
         await server.stop()
     }
 
@@ -120,7 +129,7 @@ enum CLI {
         server.set("/t.bin", Resource(body: body, bytesPerSecond: 2 * 1024 * 1024))
         let dir = TempDir(), state = TempDir()
         let out = dir.file("t.bin")
-        let p = try CLI.start(["get", server.url("/t.bin"), "-o", out.string, "-q"], state: state.path)
+        let p = try CLI.start(["get", server.url("/t.bin"), "-o", out.string, "-q", "-x", "1"], state: state.path)
         #expect(CLI.waitFor { (FS.size(FilePath(out.string + ".pickup-part")) ?? 0) > 500_000 })
         kill(p.processIdentifier, SIGTERM)
         p.waitUntilExit()
@@ -128,10 +137,10 @@ enum CLI {
         let held = ControlFile.load(FilePath(out.string + ".pickup-ctl"))?.durableBytes ?? 0
         #expect(held > 500_000)
         server.update("/t.bin") { $0.bytesPerSecond = nil }
-        #expect(try CLI.run(["get", server.url("/t.bin"), "-o", out.string, "-q"], state: state.path) == 0)
+        #expect(try CLI.run(["get", server.url("/t.bin"), "-o", out.string, "-q", "-x", "1"], state: state.path) == 0)
         #expect(dir.read("t.bin") == body)
         // A clean stop keeps every byte it received: the rerun asks for exactly the rest.
-        #expect(server.requests("/t.bin").last?.headers["range"] == "bytes=\(held)-")
+        #expect(server.requests("/t.bin").last?.headers["range"] == "bytes=\(held)-\(body.count - 1)")
         await server.stop()
     }
 }

@@ -37,9 +37,11 @@ final class EventLog: @unchecked Sendable {
 }
 
 /// A downloader tuned for tests: short stall timeout and backoff, state in its own directory.
-func testDownloader(state: FilePath, stall: Double = 0.5, retries: Int = 6) -> Downloader {
+func testDownloader(state: FilePath, stall: Double = 0.5, retries: Int = 6, connections: Int = 1, backoff: Double = 0.01) -> Downloader {
     var options = DownloadOptions()
-    options.retry = RetryPolicy(maxAttemptsWithoutProgress: retries, baseDelay: 0.01, maxDelay: 0.05)
+    options.connections = connections
+    options.minSplitSize = 64 * 1024
+    options.retry = RetryPolicy(maxAttemptsWithoutProgress: retries, baseDelay: backoff, maxDelay: backoff * 5)
     options.stateDirectory = state
     options.progressInterval = 0.02
     options.checkpointInterval = 0.1
@@ -57,9 +59,9 @@ final class Fixture: @unchecked Sendable {
     let downloader: Downloader
     let events = EventLog()
 
-    init(stall: Double = 0.5, retries: Int = 6) async throws {
+    init(stall: Double = 0.5, retries: Int = 6, connections: Int = 1, backoff: Double = 0.01) async throws {
         server = try await TestServer.start()
-        downloader = testDownloader(state: state.path, stall: stall, retries: retries)
+        downloader = testDownloader(state: state.path, stall: stall, retries: retries, connections: connections, backoff: backoff)
     }
 
     func get(_ path: String, to destination: Destination? = nil, checksum: ExpectedDigest? = nil, overwrite: Bool = false,

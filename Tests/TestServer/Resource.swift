@@ -12,6 +12,8 @@ public enum Fault: Sendable, Equatable {
     case shiftContentRange(Int)
     /// Send this Content-Range value verbatim on a 206.
     case contentRange(String)
+    /// Send this response at this many bytes per second.
+    case throttle(Int)
 }
 
 /// A file the test server serves at a path, and how it behaves.
@@ -36,6 +38,10 @@ public struct Resource: Sendable {
     public var bytesPerSecond: Int?
     /// Redirect every request to this location with this status instead of serving a body.
     public var redirect: (status: Int, location: String)?
+    /// Requests beyond this many at once get 503 (a server that limits connections).
+    public var maxConcurrent: Int?
+    /// Requests whose `Range` starts at byte 0 are sent at this rate (the one slow connection).
+    public var firstRangeBytesPerSecond: Int?
 
     /// A resource; by default with a strong ETag, range support and a Content-Length.
     public init(
@@ -97,4 +103,6 @@ public struct RecordedRequest: Sendable {
     public var status: Int
     /// Body bytes sent.
     public var bytesSent: Int
+    /// Responses to this path in progress when it arrived.
+    public var concurrent: Int = 0
 }

@@ -12,6 +12,9 @@ public final class TestServer: Sendable {
     struct State {
         var resources: [String: Resource] = [:]
         var log: [RecordedRequest] = []
+        var active: [String: Int] = [:]
+        var changes: [String: (after: Int, to: Resource)] = [:]
+        var closed: Set<Int> = []
     }
 
     /// The port it listens on.
@@ -64,6 +67,12 @@ public final class TestServer: Sendable {
         }
     }
 
+    /// Replaces the resource at `path` once it has received `requests` requests (it changes on the
+    /// server in the middle of a download).
+    public func change(_ path: String, afterRequests requests: Int, to resource: Resource) {
+        state.withLockedValue { $0.changes[path] = (requests, resource) }
+    }
+
     /// Requests received for `path` so far.
     public func requests(_ path: String) -> [RecordedRequest] {
         state.withLockedValue { $0.log.filter { $0.uri == path } }
@@ -86,6 +95,7 @@ struct Plan {
     var fault: Fault?
     var rate: Int?
     var logIndex: Int
+    var path: String = ""
 }
 
 final class Handler: ChannelInboundHandler, RemovableChannelHandler {
@@ -116,6 +126,7 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         state.log.append(RecordedRequest(uri: req.uri, headers: recorded, status: 0, bytesSent: 0))
         let index = state.log.count - 1
         let path = String(req.uri.split(separator: "?", maxSplits: 1).first ?? "")
+        state.log[index].concurrent = state.active[path, default: 0]
         guard var r = state.resources[path] ?? state.resources[req.uri] else {
             return Plan(status: 404, headers: [], body: ArraySlice("not found".utf8), fault: nil, rate: nil, logIndex: index)
         }
@@ -125,6 +136,13 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         }
         let fault = r.faults.isEmpty ? nil : r.faults.removeFirst()
         state.resources[path] = r
+        if let change = state.changes[path], state.log.filter({ $0.uri == req.uri }).count >= change.after {
+            state.resources[path] = change.to
+            state.changes[path] = nil
+        }
+        if let limit = r.maxConcurrent, state.active[path, default: 0] >= limit {
+            return Plan(status: 503, headers: [], body: ArraySlice("busy".utf8), fault: nil, rate: nil, logIndex: index)
+        }
         if case .status(let code, let hs)? = fault {
             return Plan(status: code, headers: hs.map { ($0.key, $0.value) }, body: ArraySlice("injected \(code)".utf8),
                         fault: nil, rate: nil, logIndex: index)
@@ -165,7 +183,11 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
             }
         }
         if r.sendLength { headers.append(("Content-Length", "\(slice.count)")) } else { headers.append(("Connection", "close")) }
-        return Plan(status: status, headers: headers, body: slice, fault: fault, rate: r.bytesPerSecond, logIndex: index)
+        var rate = r.bytesPerSecond
+        if case .throttle(let bps)? = fault { rate = bps }
+        if let slow = r.firstRangeBytesPerSecond, recorded["range"]?.hasPrefix("bytes=0-") == true { rate = slow }
+        state.active[path, default: 0] += 1
+        return Plan(status: status, headers: headers, body: slice, fault: fault, rate: rate, logIndex: index, path: path)
     }
 
     static func parseRange(_ v: String) -> (Int, Int?)? {
@@ -187,6 +209,7 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         let closeAfter = !keepAlive || headers["Connection"].first == "close"
         headers.add(name: "Date", value: "Sun, 22 Nov 2026 10:00:00 GMT")
         state.withLockedValue { $0.log[plan.logIndex].status = plan.status }
+        context.channel.closeFuture.assumeIsolated().whenComplete { _ in self.finished(plan) }
         context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: plan.status), headers: headers))), promise: nil)
         var limit = plan.body.count
         switch plan.fault {
@@ -196,9 +219,18 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         sendBody(context: context, plan: plan, from: plan.body.startIndex, limit: plan.body.startIndex + limit, closeAfter: closeAfter)
     }
 
+    /// A response is over (sent, failed or its connection closed): counted once.
+    func finished(_ plan: Plan) {
+        guard !plan.path.isEmpty else { return }
+        state.withLockedValue {
+            if $0.closed.insert(plan.logIndex).inserted { $0.active[plan.path, default: 1] -= 1 }
+        }
+    }
+
     func sendBody(context: ChannelHandlerContext, plan: Plan, from: Int, limit: Int, closeAfter: Bool) {
         let chunk = plan.rate.map { max(1024, min(65536, $0 / 20)) } ?? 65536
         if from >= limit {
+            if case .stallAfter? = plan.fault {} else { finished(plan) }
             switch plan.fault {
             case .dropAfter?:
                 context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(ByteBuffer()))), promise: nil)
@@ -217,7 +249,10 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         state.withLockedValue { $0.log[plan.logIndex].bytesSent += end - from }
         let written = context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(buffer))))
         written.assumeIsolated().whenComplete { result in
-            guard case .success = result else { return }
+            guard case .success = result else {
+                self.finished(plan)
+                return
+            }
             if let rate = plan.rate {
                 let delay = TimeAmount.nanoseconds(Int64(Double(end - from) / Double(rate) * 1e9))
                 context.eventLoop.assumeIsolated().scheduleTask(in: delay) {

@@ -1,37 +1,67 @@
 import Atomics
 import Foundation
-import SystemPackage
+
+/// Where one range is being written: the next byte and the limit, shared between the connection
+/// writing it and the engine (progress, checkpoints, splitting) through atomics.
+final class SegmentCursor: Sendable {
+    /// Index of the range in the scheduler (0 while there is none).
+    let segment: Int
+    /// First byte of the range.
+    let start: Int64
+    /// Next byte to write; every byte in `start..<position` is written (not necessarily durable).
+    let position: ManagedAtomic<Int64>
+    /// One past the last byte to write; lowered when another connection takes over the tail.
+    let end: ManagedAtomic<Int64>
+
+    init(segment: Int, start: Int64, position: Int64, end: Int64?) {
+        self.segment = segment
+        self.start = start
+        self.position = ManagedAtomic(position)
+        self.end = ManagedAtomic(end ?? .max)
+    }
+
+    /// Bytes written in this range.
+    var written: Int64 { min(position.load(ordering: .acquiring), end.load(ordering: .relaxed)) - start }
+}
+
+/// Thrown by the sink when its range is complete before the response is (the range was split).
+struct RangeComplete: SinkError {}
 
 /// The sink for one attempt: decides on the response head (through ``FileDownload``) and then
 /// writes the body at its offset in the partial file.
 ///
-/// `receiveBody` is the per-chunk path: one `pwrite`, two atomic stores, no allocation, no lock,
-/// no actor hop, no await.
+/// `receiveBody` is the per-chunk path: one atomic load, one `pwrite`, two atomic stores; no
+/// allocation, no lock, no actor hop, no await.
 final class BodyWriter: ResponseSink, @unchecked Sendable {
     // The transport calls this object from one thread at a time, in order (head, then body parts);
     // the engine reads `decision` only after `fetch` has returned. Cross-thread readers use the atomics.
     let download: FileDownload
     let context: RequestContext
     let file: PartialFile
+    private(set) var cursor: SegmentCursor
     private(set) var decision: ResponseDecision?
     private var writing = false
     private var offset: Int64 = 0
+    private var responseEnd: Int64 = .max
     private var discarded = 0
 
     /// Bodies of redirects and errors are read and dropped, up to this many bytes.
     static let maxDiscard = 1 << 20
 
-    init(download: FileDownload, context: RequestContext, file: PartialFile) {
+    init(download: FileDownload, context: RequestContext, file: PartialFile, cursor: SegmentCursor) {
         self.download = download
         self.context = context
         self.file = file
+        self.cursor = cursor
     }
 
     func receiveHead(_ head: ResponseHead) throws {
         let d = ResponseDecision.decide(head, context: context, now: Clock.wallSeconds())
         decision = d
-        if let start = try download.beginWriting(decision: d, head: head, context: context) {
+        if let (cursor, start, end) = try download.beginWriting(decision: d, head: head, context: context, cursor: cursor) {
+            self.cursor = cursor
             offset = start
+            responseEnd = end ?? .max
             writing = true
         }
     }
@@ -43,14 +73,19 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
             if discarded > Self.maxDiscard { throw TransportError.transient("response body to discard is too large") }
             return
         }
-        do {
-            try file.write(bytes, at: offset)
-        } catch {
-            throw PickupError.io(file.path.string, error)
+        let limit = cursor.end.load(ordering: .relaxed)
+        let n = Int(min(Int64(bytes.count), max(0, limit - offset)))
+        if n > 0 {
+            do {
+                try file.write(UnsafeRawBufferPointer(rebasing: bytes[0..<n]), at: offset)
+            } catch {
+                throw PickupError.fileSystem(file.path.string, error)
+            }
+            offset += Int64(n)
+            cursor.position.store(offset, ordering: .releasing)
+            download.transferred.wrappingIncrement(by: Int64(n), ordering: .relaxed)
         }
-        offset += Int64(bytes.count)
-        download.position.store(offset, ordering: .releasing)
-        download.transferred.wrappingIncrement(by: Int64(bytes.count), ordering: .relaxed)
+        if offset >= limit && limit < responseEnd { throw RangeComplete() }
     }
 }
 

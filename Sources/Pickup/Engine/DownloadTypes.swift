@@ -47,6 +47,13 @@ public struct DownloadOptions: Sendable {
     public var maxRedirects = 10
     /// Allow https-to-http redirects (and, in the transport, unverified TLS).
     public var allowInsecureRedirects = false
+    /// Connections per file (1...32). More open only after the first answer is a valid 206 with a
+    /// strong validator and the file is large enough to split.
+    public var connections = 8
+    /// No range is split into pieces smaller than this many bytes.
+    public var minSplitSize: Int64 = 1 << 20
+    /// Reserve the whole length on disk as soon as it is known, so a full disk shows at the start.
+    public var preallocate = false
     /// Where completion records go when the file system has no extended attributes; nil for
     /// the platform default (``StateDirectory/default``).
     public var stateDirectory: FilePath?

@@ -12,7 +12,7 @@ extension FileDownload {
             raw = fixed
         } else {
             let suggested = head?["Content-Disposition"].flatMap(ContentDisposition.filename).flatMap(SafeFileName.sanitize)
-            let fromURL = [currentURL, request.url].lazy.compactMap { URL(string: $0)?.path }
+            let fromURL = [resolvedURL, request.url].lazy.compactMap { URL(string: $0)?.path }
                 .compactMap(SafeFileName.fromURLPath).compactMap(SafeFileName.sanitize).first
             raw = suggested ?? fromURL ?? "download"
         }
@@ -36,12 +36,14 @@ extension FileDownload {
     /// Every byte is held: verify, record, rename into place, clean up.
     func finish(file: PartialFile) throws -> (FilePath, Int64) {
         let (size, rec) = try lock.withLock {
-            let size = position.load(ordering: .relaxed)
+            let size = record.totalLength ?? heldBytes()
+            guard heldBytes() == size else {
+                throw PickupError.server(status: nil, "internal: finishing with \(heldBytes()) of \(size) bytes")
+            }
             if try file.size() > size { try file.truncate(to: size) }
             try file.sync()
-            durable = size
-            record.segments[0].done = size
-            if record.totalLength == nil { record.totalLength = size }
+            record.totalLength = size
+            record.segments = [SegmentRecord(start: 0, end: size, done: size)]
             if record.target == nil { try chooseTarget(head: nil) }
             try ControlFile.store(record, at: controlPath)
             return (size, record)

@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Atomics
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -30,6 +31,7 @@ public final class HTTPClientTransport: Transport {
 
     let client: HTTPClient
     let defaultHeaders: HTTPHeaders
+    let isShutDown = ManagedAtomic(false)
 
     /// Creates a transport with its own HTTP client.
     public init(options: Options = Options()) {
@@ -76,12 +78,20 @@ public final class HTTPClientTransport: Transport {
     }
 
     public func shutdown() async {
+        guard isShutDown.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged else { return }
         try? await client.shutdown()
+    }
+
+    deinit {
+        // Dropped without shutdown(): release the connections in the background rather than leak them.
+        if isShutDown.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged {
+            client.shutdown { _ in }
+        }
     }
 
     /// Maps errors of the HTTP stack to transient or fatal; errors the sink threw pass through.
     static func classify(_ error: any Error) -> any Error {
-        if error is PickupError || error is TransportError || error is CancellationError { return error }
+        if error is any SinkError || error is TransportError || error is CancellationError { return error }
         if let e = error as? HTTPClientError {
             if e == .cancelled { return CancellationError() }
             if e == .readTimeout { return TransportError.transient("stalled: no data within the stall timeout") }

@@ -21,6 +21,10 @@ public protocol ResponseSink: AnyObject, Sendable {
     func receiveBody(_ bytes: UnsafeRawBufferPointer) throws
 }
 
+/// An error a ``ResponseSink`` throws on purpose (the engine's own signals and failures): the
+/// transport hands it back unchanged instead of classifying it.
+public protocol SinkError: Error {}
+
 /// How a transfer failed, as far as the transport can tell.
 public enum TransportError: Error, Sendable, Equatable {
     /// Worth retrying: refused, reset, timed out, stalled, closed early.

@@ -1,0 +1,365 @@
+import Foundation
+import SystemPackage
+
+/// The server's answers no longer describe one representation: stop combining bytes.
+struct RepresentationChanged: SinkError {
+    let reason: String
+}
+
+extension ResponseDecision {
+    /// Whether the body of this response is file content.
+    var writes: Bool {
+        switch self {
+        case .append, .replace: true
+        default: false
+        }
+    }
+}
+
+extension FileDownload {
+    /// Runs connections until every byte is held. Returns the finished file when a conditional
+    /// check says it is unchanged.
+    func transferAll(file: PartialFile, conditional initial: (FilePath, CompletionRecord)?) async throws
+        -> (FilePath, CompletionRecord)?
+    {
+        var conditional = initial
+        var restarts = 0
+        while true {
+            let (stream, continuation) = AsyncStream<Void>.makeStream()
+            lock.withLock { moreConnections = continuation }
+            do {
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    let first = conditional
+                    group.addTask {
+                        defer { continuation.finish() }
+                        try await self.connection(0, file: file, conditional: first)
+                    }
+                    for await _ in stream {
+                        for id in 1..<max(1, options.connections) {
+                            group.addTask { try await self.connection(id, file: file, conditional: nil) }
+                        }
+                    }
+                    try await group.waitForAll()
+                }
+                let (result, complete) = lock.withLock { (unchanged, scheduler?.isComplete ?? true) }
+                if result != nil || complete { return result }
+                // Every connection retired with ranges left (they kept failing while others worked):
+                // a fresh round of connections takes the rest, within the same restart budget.
+                restarts += 1
+                guard restarts <= options.retry.maxAttemptsWithoutProgress else {
+                    throw PickupError.network("every connection failed with ranges left to fetch")
+                }
+            } catch let change as RepresentationChanged {
+                restarts += 1
+                guard restarts <= options.retry.maxAttemptsWithoutProgress else {
+                    throw PickupError.server(status: nil, "\(change.reason), again after starting over")
+                }
+                onEvent(.notice("\(change.reason); starting over from zero"))
+                try restartFromZero(file)
+                conditional = nil
+            }
+        }
+    }
+
+    /// One connection: fetches its range, then takes more work from the scheduler until none is left.
+    func connection(_ id: Int, file: PartialFile, conditional: (FilePath, CompletionRecord)?) async throws {
+        var cursor: SegmentCursor? = id == 0 ? firstCursor() : assign(id)
+        defer { lock.withLock { scheduler?.release(id) } }
+        var conditional = conditional
+        while let c = cursor {
+            switch try await fetchRange(id, cursor: c, file: file, conditional: conditional) {
+            case .done:
+                break
+            case .retired:
+                lock.withLock { scheduler?.release(id) }
+                return
+            case .unchanged(let path, let rec):
+                lock.withLock { unchanged = (path, rec) }
+                return
+            }
+            conditional = nil
+            cursor = assign(id)
+        }
+    }
+
+    /// The range the first connection asks for: the first unfinished one.
+    func firstCursor() -> SegmentCursor {
+        lock.withLock {
+            let i = record.segments.indices.first { record.segments[$0].done < (record.segments[$0].end ?? .max) - record.segments[$0].start } ?? 0
+            let s = record.segments[i]
+            let cursor = SegmentCursor(segment: i, start: s.start, position: s.start + s.done, end: s.end)
+            cursors[i] = cursor
+            scheduler?.claim(i, by: 0)
+            return cursor
+        }
+    }
+
+    /// The next range for connection `id`, splitting another connection's range if need be.
+    func assign(_ id: Int) -> SegmentCursor? {
+        lock.withLock {
+            guard var s = scheduler else { return nil }
+            for (i, c) in cursors { s.report(i, done: c.written) }
+            guard let a = s.next(for: id) else {
+                scheduler = s
+                return nil
+            }
+            if let (victim, end) = a.shrunk { cursors[victim]?.end.store(end, ordering: .relaxed) }
+            scheduler = s
+            syncRecordShape()
+            let seg = s.segments[a.segment]
+            let cursor = SegmentCursor(segment: a.segment, start: seg.start, position: seg.next, end: seg.end)
+            cursors[a.segment] = cursor
+            return cursor
+        }
+    }
+
+    /// Mirrors the scheduler's ranges (new ones, lowered ends) into the control record. With `lock` held.
+    func syncRecordShape() {
+        guard let s = scheduler else { return }
+        for (i, seg) in s.segments.enumerated() {
+            if i < record.segments.count {
+                record.segments[i].end = seg.end
+                record.segments[i].done = min(record.segments[i].done, seg.end - seg.start)
+            } else {
+                record.segments.append(SegmentRecord(start: seg.start, end: seg.end, done: 0))
+            }
+        }
+    }
+
+    enum RangeOutcome {
+        case done, retired
+        case unchanged(FilePath, CompletionRecord)
+    }
+
+    /// Fetches one range with retries until it is complete.
+    func fetchRange(_ id: Int, cursor initial: SegmentCursor, file: PartialFile,
+                    conditional initialConditional: (FilePath, CompletionRecord)?) async throws -> RangeOutcome
+    {
+        var cursor = initial
+        var conditional = initialConditional
+        var failuresInRow = 0  // attempts in a row with no progress anywhere: the give-up budget
+        var ownFailures = 0  // this connection's failures in a row: backoff and retirement
+        var redirects = 0
+        var triedOriginalAgain = false
+        var url = lock.withLock { resolvedURL }
+        let retireAfter = 3
+        // "Progress" is any new byte, on any connection, since this connection's previous failure
+        // (bytes that arrive elsewhere during a backoff count).
+        var sinceLastFailure = transferred.load(ordering: .relaxed)
+        while true {
+            try Task.checkCancellation()
+            let (validators, total) = lock.withLock { (record.validators, record.totalLength) }
+            var offset = cursor.position.load(ordering: .relaxed)
+            let end = cursor.end.load(ordering: .relaxed)
+            if conditional == nil, offset >= end || (total != nil && offset >= total!) {
+                if lock.withLock({ record.target }) == nil { try lock.withLock { try chooseTarget(head: nil) } }
+                return .done
+            }
+            if offset > cursor.start || cursor.start > 0, validators?.ifRange == nil, total == nil {
+                onEvent(.notice("the connection dropped and the server gives neither a validator nor a length, so the download must start again from zero"))
+                try restartFromZero(file)
+                cursor = firstCursor()
+                offset = 0
+            }
+            let context = RequestContext(offset: offset, validators: offset > 0 ? validators : nil,
+                                         totalLength: offset > 0 ? total : nil, conditional: conditional != nil)
+            // Open-ended only while the length is unknown (the first request); otherwise exactly the range,
+            // so a finished range leaves its connection reusable and sends no byte twice.
+            let last: Int64? = end == .max ? nil : end - 1
+            var headers: [(name: String, value: String)] = [("Range", ByteRange(first: offset, last: last).headerValue)]
+            if offset > 0, let ifRange = validators?.ifRange { headers.append(("If-Range", ifRange)) }
+            if let cv = conditional?.1.validators {
+                if let etag = cv.etag {
+                    headers.append(("If-None-Match", etag.headerValue))
+                } else if let lm = cv.lastModified {
+                    headers.append(("If-Modified-Since", lm))
+                }
+            }
+            let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor)
+            var failure: String? = nil
+            var retryAfter: Int64? = nil
+            do {
+                try await transport.fetch(FetchRequest(url: url, headers: headers), into: sink)
+            } catch is RangeComplete {
+                return .done
+            } catch let e as TransportError {
+                switch e {
+                case .fatal(let m): throw PickupError.network(m)
+                case .transient(let m): failure = m
+                }
+            }
+            cursor = sink.cursor
+            let now = transferred.load(ordering: .relaxed)
+            let progressed = now > sinceLastFailure
+            if sink.decision?.writes == true, cursor.position.load(ordering: .relaxed) > offset { ownFailures = 0 }
+            switch sink.decision {
+            case nil:
+                break
+            case .append?, .replace?:
+                conditional = nil
+                if failure == nil {
+                    let pos = cursor.position.load(ordering: .relaxed)
+                    let limit = min(cursor.end.load(ordering: .relaxed), lock.withLock { record.totalLength } ?? .max)
+                    if limit != .max, pos < limit {
+                        failure = "the response ended after \(ByteCount.format(pos)) of \(ByteCount.format(limit))"
+                    } else {
+                        if limit == .max { lock.withLock { completeUnknownLength(cursor) } }
+                        return .done
+                    }
+                }
+            case .alreadyComplete?:
+                lock.withLock { completeUnknownLength(cursor) }
+                if lock.withLock({ record.target }) == nil { try lock.withLock { try chooseTarget(head: nil) } }
+                return .done
+            case .notModified?:
+                if let conditional { return .unchanged(conditional.0, conditional.1) }
+                return .done
+            case .startOver(let why)?:
+                throw RepresentationChanged(reason: why)
+            case .redirect(let location)?:
+                redirects += 1
+                guard redirects <= options.maxRedirects else {
+                    throw PickupError.server(status: nil, "more than \(options.maxRedirects) redirects")
+                }
+                url = try resolveRedirect(location, from: url)
+                if id == 0 { lock.withLock { resolvedURL = url } }
+                continue
+            case .retry(let after, let why)?:
+                failure = why
+                retryAfter = after
+            case .fail(let status, let why)?:
+                if [403, 404, 410].contains(status), url != request.url, !triedOriginalAgain {
+                    triedOriginalAgain = true
+                    url = request.url
+                    continue
+                }
+                if othersActive() {
+                    onEvent(.notice("connection \(id + 1) retired: \(why)"))
+                    return .retired
+                }
+                throw PickupError.server(status: status, "\(why) for \(url)")
+            }
+            guard let failure else { continue }
+            failuresInRow = progressed ? 1 : failuresInRow + 1
+            ownFailures += 1
+            sinceLastFailure = now
+            if ownFailures > retireAfter, othersActive() {
+                onEvent(.notice("connection \(id + 1) retired after \(ownFailures) failures: \(failure)"))
+                return .retired
+            }
+            guard failuresInRow <= options.retry.maxAttemptsWithoutProgress,
+                let delay = options.retry.delay(failuresInRow: min(ownFailures, options.retry.maxAttemptsWithoutProgress),
+                                                retryAfter: retryAfter, jitter: Double.random(in: 0...1))
+            else {
+                if othersActive() {
+                    onEvent(.notice("connection \(id + 1) retired: \(failure)"))
+                    return .retired
+                }
+                if let retryAfter, Double(retryAfter) > options.retry.maxRetryAfter {
+                    throw PickupError.server(status: 503, "\(failure); the server asks to retry after \(retryAfter) s")
+                }
+                throw PickupError.network("\(failure) (gave up after \(failuresInRow) attempts without progress)")
+            }
+            try? checkpoint()
+            onEvent(.notice("\(failure); retrying in \(String(format: "%.1f", delay)) s"))
+            try await Task.sleep(nanoseconds: UInt64(delay * 1e9))
+        }
+    }
+
+    /// Whether other connections are fetching, so this one may retire and leave its range to them;
+    /// the last connection standing uses the whole retry budget.
+    func othersActive() -> Bool {
+        lock.withLock { (scheduler?.activeConnections ?? 0) > 1 }
+    }
+
+    /// A body without a known length ended (or a 416 confirmed it): its length is what we hold.
+    func completeUnknownLength(_ cursor: SegmentCursor) {
+        if record.totalLength == nil {
+            let pos = cursor.position.load(ordering: .relaxed)
+            record.totalLength = pos
+            cursor.end.store(pos, ordering: .relaxed)
+            record.segments[cursor.segment].end = pos
+        }
+    }
+
+    func resolveRedirect(_ location: String, from current: String) throws -> String {
+        guard let base = URL(string: current), let next = URL(string: location, relativeTo: base)?.absoluteURL,
+            let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
+        else { throw PickupError.server(status: nil, "unusable redirect to '\(location)'") }
+        if base.scheme?.lowercased() == "https", scheme == "http", !options.allowInsecureRedirects {
+            throw PickupError.server(status: nil, "refusing redirect from https to http (\(next.absoluteString)); use --insecure to allow")
+        }
+        return next.absoluteString
+    }
+
+    // MARK: - Called from the transport thread
+
+    /// Applies a decision on a response head. Returns the cursor, offset and response end to write
+    /// the body with, or nil when the body is not file content.
+    func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
+                      cursor: SegmentCursor) throws -> (SegmentCursor, Int64, Int64?)? {
+        try lock.withLock {
+            guard let file else { return nil }
+            switch decision {
+            case .append(let at, let end, let total, let validators):
+                let first = record.validators == nil || record.totalLength == nil && total != nil
+                if first {
+                    record.validators = validators
+                    record.totalLength = total
+                    if at == 0 || record.serverDigest == nil { record.serverDigest = Self.serverDigest(head) }
+                }
+                if scheduler == nil, let total {
+                    record.segments[cursor.segment].end = total
+                    cursor.end.store(min(cursor.end.load(ordering: .relaxed), total), ordering: .relaxed)
+                    var s = SegmentScheduler(total: total, records: record.segments, minSplit: options.minSplitSize)
+                    s.claim(cursor.segment, by: 0)
+                    if options.preallocate { try file.preallocate(total) }
+                    let parallel = options.connections > 1 && validators.ifRange != nil
+                    if parallel {
+                        s.plan(connections: options.connections)
+                        cursor.end.store(s.segments[cursor.segment].end, ordering: .relaxed)
+                    }
+                    scheduler = s
+                    syncRecordShape()
+                    if parallel && s.segments.filter({ $0.remaining > 0 }).count > 1 { moreConnections?.yield() }
+                    moreConnections?.finish()
+                }
+                if first || context.conditional {
+                    if at > 0 { try file.sync() }
+                    if record.target == nil || context.conditional { try chooseTarget(head: head) }
+                    try ControlFile.store(record, at: controlPath)
+                }
+                return (cursor, at, end)
+            case .replace(let total, let validators):
+                guard record.segments.count == 1, cursor.segment == 0 else {
+                    throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
+                }
+                if context.offset > 0 {
+                    onEvent(.notice("the server sent the whole file (200) instead of the rest; the held bytes are discarded"))
+                }
+                try file.truncate(to: 0)
+                record.validators = validators
+                record.totalLength = total
+                record.segments = [SegmentRecord(start: 0, end: total, done: 0)]
+                record.serverDigest = Self.serverDigest(head)
+                scheduler = total.map {
+                    var s = SegmentScheduler(total: $0, records: record.segments, minSplit: options.minSplitSize)
+                    s.claim(0, by: 0)
+                    return s
+                }
+                moreConnections?.finish()
+                let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total)
+                cursors = [0: fresh]
+                if record.target == nil || context.conditional { try chooseTarget(head: head) }
+                try ControlFile.store(record, at: controlPath)
+                return (fresh, 0, total)
+            default:
+                return nil
+            }
+        }
+    }
+
+    static func serverDigest(_ head: ResponseHead) -> ExpectedDigest? {
+        DigestHeader.expected(reprDigest: head.combined("Repr-Digest"), digest: head.combined("Digest"))
+    }
+}

@@ -1,0 +1,114 @@
+/// Which byte ranges of the file exist, which connection fetches which, and how to split them:
+/// a value-type state machine with no I/O, driven by ``FileDownload``.
+///
+/// Ranges never overlap and together cover `0..<total`. A connection that runs out of work takes
+/// over half of the largest remaining range (dynamic splitting), so one slow connection cannot hold
+/// the download hostage; a failing connection gives its range back for others to take.
+public struct SegmentScheduler: Sendable, Equatable {
+    /// One range and its progress.
+    public struct Segment: Sendable, Equatable {
+        /// First byte.
+        public var start: Int64
+        /// One past the last byte; shrinks when another connection takes over the tail.
+        public var end: Int64
+        /// Bytes written from `start` on, as last reported.
+        public var done: Int64
+        /// The connection fetching it, if any.
+        public var owner: Int?
+
+        /// Next byte to fetch.
+        public var next: Int64 { start + done }
+        /// Bytes still to fetch.
+        public var remaining: Int64 { max(0, end - next) }
+    }
+
+    /// What a connection should do next.
+    public struct Assignment: Sendable, Equatable {
+        /// The segment (index into ``segments``, stable for the download's life).
+        public var segment: Int
+        /// When the range was taken from another segment: that segment and its new end.
+        public var shrunk: (segment: Int, end: Int64)?
+
+        public static func == (a: Assignment, b: Assignment) -> Bool {
+            a.segment == b.segment && a.shrunk?.segment == b.shrunk?.segment && a.shrunk?.end == b.shrunk?.end
+        }
+    }
+
+    /// The complete length.
+    public let total: Int64
+    /// No range is split into pieces smaller than this.
+    public let minSplit: Int64
+    /// The ranges, in creation order (indices are stable).
+    public private(set) var segments: [Segment]
+
+    /// A scheduler over `records` (from a control file or a first response).
+    public init(total: Int64, records: [SegmentRecord], minSplit: Int64) {
+        self.total = total
+        self.minSplit = max(1, minSplit)
+        segments = records.map { Segment(start: $0.start, end: $0.end ?? total, done: $0.done, owner: nil) }
+        if segments.isEmpty { segments = [Segment(start: 0, end: total, done: 0, owner: nil)] }
+    }
+
+    /// True when every byte is fetched.
+    public var isComplete: Bool { segments.allSatisfy { $0.remaining == 0 } }
+
+    /// Bytes fetched in all ranges.
+    public var doneBytes: Int64 { segments.reduce(0) { $0 + min($1.done, $1.end - $1.start) } }
+
+    /// The records to store in the control file.
+    public var records: [SegmentRecord] {
+        segments.map { SegmentRecord(start: $0.start, end: $0.end, done: min($0.done, $0.end - $0.start)) }
+    }
+
+    /// Connections with a range.
+    public var activeConnections: Int { segments.filter { $0.owner != nil && $0.remaining > 0 }.count }
+
+    /// Gives `segment` to `connection` (the first connection takes the range it already asked for).
+    public mutating func claim(_ segment: Int, by connection: Int) {
+        segments[segment].owner = connection
+    }
+
+    /// The next range for a connection that has none: an unowned unfinished range, else half of the
+    /// largest remaining range of another connection. Nil when nothing is left worth splitting.
+    public mutating func next(for connection: Int) -> Assignment? {
+        release(connection)
+        if let i = segments.indices.filter({ segments[$0].owner == nil && segments[$0].remaining > 0 })
+            .max(by: { segments[$0].remaining < segments[$1].remaining })
+        {
+            segments[i].owner = connection
+            return Assignment(segment: i, shrunk: nil)
+        }
+        guard let victim = segments.indices.filter({ segments[$0].owner != nil })
+            .max(by: { segments[$0].remaining < segments[$1].remaining }),
+            segments[victim].remaining >= 2 * minSplit
+        else { return nil }
+        let v = segments[victim]
+        let mid = v.next + v.remaining / 2
+        segments[victim].end = mid
+        segments.append(Segment(start: mid, end: v.end, done: 0, owner: connection))
+        return Assignment(segment: segments.count - 1, shrunk: (victim, mid))
+    }
+
+    /// Splits unowned work so that up to `connections` ranges can run at once (the initial plan).
+    public mutating func plan(connections: Int) {
+        while segments.filter({ $0.remaining > 0 }).count < connections {
+            guard let i = segments.indices.max(by: { segments[$0].remaining < segments[$1].remaining }),
+                segments[i].remaining >= 2 * minSplit
+            else { return }
+            let s = segments[i]
+            let mid = s.next + s.remaining / 2
+            segments[i].end = mid
+            segments.append(Segment(start: mid, end: s.end, done: 0, owner: nil))
+        }
+    }
+
+    /// Records progress of a range (bytes written from its start).
+    public mutating func report(_ segment: Int, done: Int64) {
+        segments[segment].done = max(segments[segment].done, min(done, segments[segment].end - segments[segment].start))
+    }
+
+    /// The connection stops (finished, failed or retired): its unfinished range is free to take.
+    public mutating func release(_ connection: Int) {
+        for i in segments.indices where segments[i].owner == connection { segments[i].owner = nil }
+    }
+}

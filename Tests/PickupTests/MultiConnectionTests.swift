@@ -1,0 +1,157 @@
+import Foundation
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+@Suite struct MultiConnectionTests {
+    let body = Resource.bytes(count: 8 * 1024 * 1024 + 5, seed: 3)
+
+    @Test func sixteenConnectionsAreByteExactAndEveryRangeIsValidated() async throws {
+        let f = try await Fixture(connections: 16)
+        f.server.set("/m.bin", Resource(body: body, bytesPerSecond: 8 * 1024 * 1024))
+        _ = try await f.get("/m.bin")
+        #expect(f.dir.read("m.bin") == body)
+        let req = f.server.requests("/m.bin")
+        #expect(req.count >= 16)
+        #expect(req[0].headers["range"] == "bytes=0-")
+        // Only the first request is open-ended: its answer tells the length.
+        #expect(req.dropFirst().allSatisfy { $0.headers["if-range"] == "\"v1\"" && $0.headers["range"]?.hasSuffix("-") == false })
+        #expect(f.server.bytesSent("/m.bin") >= body.count)
+        #expect(f.dir.entries == ["m.bin"])
+        await f.close()
+    }
+
+    @Test func oneSlowConnectionDoesNotHoldTheDownloadHostage() async throws {
+        let f = try await Fixture(connections: 4)
+        f.server.set("/s.bin", {
+            var r = Resource(body: body, bytesPerSecond: 16 * 1024 * 1024)
+            r.firstRangeBytesPerSecond = 1024 * 1024
+            return r
+        }())
+        _ = try await f.get("/s.bin")
+        #expect(f.dir.read("s.bin") == body)
+        // The first (slow) connection's range was a quarter of the file; the others took part of it over.
+        let first = f.server.requests("/s.bin")[0]
+        #expect(first.bytesSent < body.count / 4)
+        await f.close()
+    }
+
+    @Test func noRangeSupportMeansOneConnectionSilently() async throws {
+        let f = try await Fixture(connections: 8)
+        f.server.set("/n.bin", Resource(body: body, acceptRanges: false))
+        _ = try await f.get("/n.bin")
+        #expect(f.dir.read("n.bin") == body)
+        #expect(f.server.requests("/n.bin").count == 1)
+        await f.close()
+    }
+
+    @Test func noStrongValidatorMeansOneConnection() async throws {
+        let f = try await Fixture(connections: 8)
+        f.server.set("/w.bin", Resource(body: body, etag: "W/\"weak\""))
+        _ = try await f.get("/w.bin")
+        #expect(f.dir.read("w.bin") == body)
+        #expect(f.server.requests("/w.bin").count == 1)
+        await f.close()
+    }
+
+    @Test func smallFilesUseOneConnection() async throws {
+        let f = try await Fixture(connections: 8)
+        f.server.set("/small", Resource(body: Array(body.prefix(100_000))))
+        _ = try await f.get("/small")
+        #expect(f.dir.read("small") == Array(body.prefix(100_000)))
+        #expect(f.server.requests("/small").count == 1)
+        await f.close()
+    }
+
+    @Test func fileChangingMidDownloadIsNeverCombined() async throws {
+        let f = try await Fixture(connections: 8)
+        let v2 = Resource.bytes(count: body.count, seed: 77)
+        f.server.set("/c.bin", Resource(body: body, bytesPerSecond: 4 * 1024 * 1024))
+        f.server.change("/c.bin", afterRequests: 1, to: Resource(body: v2, etag: "\"v2\""))
+        _ = try await f.get("/c.bin")
+        #expect(f.dir.read("c.bin") == v2)
+        #expect(f.events.notices.contains { $0.contains("starting over") })
+        await f.close()
+    }
+
+    @Test func failingConnectionsAreRetiredAndTheirRangesTakenOver() async throws {
+        let f = try await Fixture(connections: 8, backoff: 0.1)
+        f.server.set("/r.bin", {
+            var r = Resource(body: body, bytesPerSecond: 8 * 1024 * 1024)
+            r.maxConcurrent = 2
+            return r
+        }())
+        _ = try await f.get("/r.bin")
+        #expect(f.dir.read("r.bin") == body)
+        // The server turned connections away, and the download still finished with those it accepted.
+        #expect(f.server.requests("/r.bin").contains { $0.status == 503 })
+        await f.close()
+    }
+
+    @Test func dropsOnSeveralConnectionsResumeEachRange() async throws {
+        let f = try await Fixture(connections: 4)
+        f.server.set("/d.bin", Resource(body: body, faults: Array(repeating: .dropAfter(400_000), count: 6)))
+        _ = try await f.get("/d.bin")
+        #expect(f.dir.read("d.bin") == body)
+        #expect(f.server.bytesSent("/d.bin") < body.count + 4 * 1024 * 1024)
+        await f.close()
+    }
+
+    @Test func interruptedMultiConnectionDownloadResumesEveryRange() async throws {
+        let f = try await Fixture(connections: 8)
+        f.server.set("/i.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
+        let progressed = AsyncStream<Void>.makeStream()
+        let task = Task {
+            try await f.downloader.download(DownloadRequest(url: f.server.url("/i.bin"), destination: .directory(f.dir.path))) {
+                if case .progress(let p) = $0, p.bytesDone > 2_000_000 { progressed.continuation.yield() }
+            }
+        }
+        for await _ in progressed.stream { break }
+        task.cancel()
+        _ = await task.result
+        let ctl = try #require(f.dir.entries.first { $0.hasSuffix(".pickup-ctl") }.flatMap { ControlFile.load(f.dir.file($0)) })
+        #expect(ctl.segments.count >= 8)
+        #expect(ctl.segments.filter { $0.done > 0 }.count >= 2)
+        let sentBefore = f.server.bytesSent("/i.bin")
+        f.server.update("/i.bin") { $0.bytesPerSecond = nil }
+        _ = try await f.get("/i.bin")
+        #expect(f.dir.read("i.bin") == body)
+        // The rerun fetched only what was not durable, in ranges starting where each one stopped.
+        #expect(f.server.bytesSent("/i.bin") - sentBefore <= body.count - Int(ctl.durableBytes) + 64 * 1024 * 8)
+        await f.close()
+    }
+
+    @Test func preallocationReservesTheWholeLength() async throws {
+        var options = DownloadOptions()
+        options.preallocate = true
+        options.connections = 4
+        options.minSplitSize = 64 * 1024
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
+        options.stateDirectory = state.path
+        server.set("/p.bin", Resource(body: body, bytesPerSecond: 4 * 1024 * 1024))
+        let downloader = Downloader(options: options)
+        let partial = LockedBox<Int64?>(nil)
+        _ = try await downloader.download(DownloadRequest(url: server.url("/p.bin"), destination: .file(dir.file("p.bin")))) {
+            if case .progress(let p) = $0, p.bytesDone > 0, partial.value == nil {
+                partial.value = FS.size(FilePath(dir.file("p.bin").string + ".pickup-part"))
+            }
+        }
+        #expect(partial.value == Int64(body.count))
+        #expect(dir.read("p.bin") == body)
+        await downloader.shutdown()
+        await server.stop()
+    }
+}
+
+final class LockedBox<T: Sendable>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var _value: T
+    init(_ v: T) { _value = v }
+    var value: T {
+        get { lock.withLock { _value } }
+        set { lock.withLock { _value = newValue } }
+    }
+}

@@ -1,0 +1,94 @@
+import Testing
+
+@testable import Pickup
+
+@Suite struct SegmentSchedulerTests {
+    let MiB: Int64 = 1 << 20
+
+    /// Ranges never overlap and cover the whole file.
+    func checkCoverage(_ s: SegmentScheduler) {
+        let sorted = s.segments.sorted { $0.start < $1.start }
+        #expect(sorted.first?.start == 0)
+        #expect(sorted.last?.end == s.total)
+        for (a, b) in zip(sorted, sorted.dropFirst()) { #expect(a.end == b.start) }
+    }
+
+    @Test func initialPlanSplitsEvenlyForPowersOfTwo() {
+        var s = SegmentScheduler(total: 256 * MiB, records: [], minSplit: MiB)
+        s.claim(0, by: 0)
+        s.plan(connections: 16)
+        #expect(s.segments.count == 16)
+        #expect(Set(s.segments.map { $0.end - $0.start }) == [16 * MiB])
+        checkCoverage(s)
+    }
+
+    @Test func neverSplitsBelowTheMinimum() {
+        var s = SegmentScheduler(total: 3 * MiB, records: [], minSplit: MiB)
+        s.plan(connections: 16)
+        #expect(s.segments.count == 2)
+        checkCoverage(s)
+    }
+
+    @Test func freeConnectionTakesUnownedWorkFirstThenHalfOfTheLargest() {
+        var s = SegmentScheduler(total: 100 * MiB, records: [], minSplit: MiB)
+        s.claim(0, by: 0)
+        s.plan(connections: 2)
+        #expect(s.next(for: 1) == .init(segment: 1, shrunk: nil))
+        // Connection 1 finishes its half; connection 0 has done 10 MiB of its 50.
+        s.report(1, done: 50 * MiB)
+        s.report(0, done: 10 * MiB)
+        let a = s.next(for: 1)
+        #expect(a?.shrunk?.segment == 0)
+        #expect(a?.shrunk?.end == 30 * MiB)  // half of the remaining 40 MiB
+        #expect(s.segments[a!.segment].start == 30 * MiB)
+        #expect(s.segments[a!.segment].end == 50 * MiB)
+        checkCoverage(s)
+    }
+
+    @Test func slowConnectionKeepsShrinking() {
+        var s = SegmentScheduler(total: 64 * MiB, records: [], minSplit: MiB)
+        s.claim(0, by: 0)
+        s.plan(connections: 4)
+        for id in 1...3 { _ = s.next(for: id) }
+        // The three fast ones finish again and again while connection 0 crawls.
+        var steals = 0
+        for _ in 0..<20 {
+            for id in 1...3 {
+                for i in s.segments.indices where s.segments[i].owner == id { s.report(i, done: s.segments[i].end - s.segments[i].start) }
+                if let a = s.next(for: id) {
+                    if a.shrunk?.segment == 0 { steals += 1 }
+                } else {
+                    s.release(id)
+                }
+            }
+        }
+        #expect(steals > 0)
+        #expect(s.segments[0].end - s.segments[0].start < 2 * MiB)  // only a small head is left to the slow one
+        checkCoverage(s)
+    }
+
+    @Test func releasedRangesAreTakenOverWithTheirProgress() {
+        var s = SegmentScheduler(total: 10 * MiB, records: [], minSplit: MiB)
+        s.claim(0, by: 0)
+        s.plan(connections: 2)
+        _ = s.next(for: 1)
+        s.report(1, done: 2 * MiB)
+        s.release(1)  // connection 1 retired
+        #expect(s.activeConnections == 1)
+        let a = s.next(for: 2)
+        #expect(a?.segment == 1)
+        #expect(s.segments[1].next == 7 * MiB)
+        checkCoverage(s)
+    }
+
+    @Test func resumesFromRecords() {
+        let records = [SegmentRecord(start: 0, end: 5 * MiB, done: 5 * MiB), SegmentRecord(start: 5 * MiB, end: 10 * MiB, done: MiB)]
+        var s = SegmentScheduler(total: 10 * MiB, records: records, minSplit: MiB)
+        #expect(s.doneBytes == 6 * MiB)
+        #expect(!s.isComplete)
+        #expect(s.next(for: 0)?.segment == 1)
+        s.report(1, done: 5 * MiB)
+        #expect(s.isComplete)
+        #expect(s.records.map(\.done) == [5 * MiB, 5 * MiB])
+    }
+}
