@@ -45,6 +45,30 @@ import Testing
         checkCoverage(s)
     }
 
+    @Test func splitsByMeasuredSpeedSoBothFinishTogether() {
+        var s = SegmentScheduler(total: 100 * MiB, records: [], minSplit: MiB)
+        s.claim(0, by: 0)
+        s.plan(connections: 2)
+        _ = s.next(for: 1)
+        s.report(1, done: 50 * MiB)
+        s.report(0, done: 5 * MiB)  // 45 MiB left at 2 MiB/s; the thief does 20 MiB/s
+        let a = s.next(for: 1, rates: [0: 2 * 1_048_576], thiefRate: 20 * 1_048_576)
+        let keep = s.segments[0].end - s.segments[0].next
+        #expect(a?.shrunk?.segment == 0)
+        #expect(abs(Double(keep) - 45.0 / 11.0 * Double(MiB)) < Double(MiB) / 100)  // 45 * 2/22
+        // The victim is the range that would finish last, not the longest.
+        var t = SegmentScheduler(total: 100 * MiB, records: [], minSplit: MiB)
+        t.claim(0, by: 0)
+        t.plan(connections: 2)
+        _ = t.next(for: 1)
+        t.report(0, done: 40 * MiB)  // 10 MiB left, fast
+        t.report(1, done: 30 * MiB)  // 20 MiB left... but connection 1 is slower still
+        let b = t.next(for: 2, rates: [0: 100, 1: 1_000_000], thiefRate: 1_000_000)
+        #expect(b?.shrunk?.segment == 0)
+        checkCoverage(s)
+        checkCoverage(t)
+    }
+
     @Test func slowConnectionKeepsShrinking() {
         var s = SegmentScheduler(total: 64 * MiB, records: [], minSplit: MiB)
         s.claim(0, by: 0)

@@ -13,11 +13,24 @@ final class SegmentCursor: Sendable {
     /// One past the last byte to write; lowered when another connection takes over the tail.
     let end: ManagedAtomic<Int64>
 
+    /// When this connection started on the range, and where: for its speed.
+    let began: Double
+    let beganAt: Int64
+
     init(segment: Int, start: Int64, position: Int64, end: Int64?) {
         self.segment = segment
         self.start = start
         self.position = ManagedAtomic(position)
         self.end = ManagedAtomic(end ?? .max)
+        began = Clock.monotonic()
+        beganAt = position
+    }
+
+    /// Bytes per second since this cursor was created, or nil before there is anything to measure.
+    func rate(now: Double) -> Double? {
+        let elapsed = now - began
+        let bytes = position.load(ordering: .relaxed) - beganAt
+        return elapsed > 0.05 && bytes > 0 ? Double(bytes) / elapsed : nil
     }
 
     /// Bytes written in this range.

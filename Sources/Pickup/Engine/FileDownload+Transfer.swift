@@ -39,7 +39,16 @@ extension FileDownload {
                             group.addTask { try await self.connection(id, file: file, conditional: nil) }
                         }
                     }
-                    try await group.waitForAll()
+                    // When every byte is held, connections still waiting on a range that others
+                    // finished (a slow one whose tail was taken) are cancelled, not awaited.
+                    while true {
+                        do {
+                            guard try await group.next() != nil else { break }
+                        } catch is CancellationError where !Task.isCancelled && lock.withLock({ scheduler?.isComplete == true }) {
+                            continue
+                        }
+                        if lock.withLock({ scheduler?.isComplete == true }) { group.cancelAll() }
+                    }
                 }
                 let (result, complete) = lock.withLock { (unchanged, scheduler?.isComplete ?? true) }
                 if result != nil || complete { return result }
@@ -98,12 +107,24 @@ extension FileDownload {
     func assign(_ id: Int) -> SegmentCursor? {
         lock.withLock {
             guard var s = scheduler else { return nil }
-            for (i, c) in cursors { s.report(i, done: c.written) }
-            guard let a = s.next(for: id) else {
+            let now = Clock.monotonic()
+            var rates: [Int: Double] = [:]
+            var ownRate: Double? = nil
+            for (i, c) in cursors {
+                s.report(i, done: c.written)
+                guard let owner = s.segments[i].owner, let r = c.rate(now: now) else { continue }
+                if owner == id { ownRate = r } else { rates[i] = r }
+            }
+            // The thief is expected to go as fast as it did on the range it just finished; a
+            // connection with no history yet, as fast as the fastest live one.
+            guard let a = s.next(for: id, rates: rates, thiefRate: ownRate ?? rates.values.max(),
+                                 connections: options.connections) else {
                 scheduler = s
                 return nil
             }
-            if let (victim, end) = a.shrunk { cursors[victim]?.end.store(end, ordering: .relaxed) }
+            if let (victim, end) = a.shrunk {
+                cursors[victim]?.end.store(end, ordering: .relaxed)
+            }
             scheduler = s
             syncRecordShape()
             let seg = s.segments[a.segment]

@@ -68,9 +68,17 @@ public struct SegmentScheduler: Sendable, Equatable {
         segments[segment].owner = connection
     }
 
-    /// The next range for a connection that has none: an unowned unfinished range, else half of the
-    /// largest remaining range of another connection. Nil when nothing is left worth splitting.
-    public mutating func next(for connection: Int) -> Assignment? {
+    /// The next range for a connection that has none: an unowned unfinished range, else the tail of
+    /// the range that would finish last. Nil when nothing is left worth splitting.
+    ///
+    /// With measured speeds (bytes per second by segment, and the thief's expected speed) the split
+    /// point lets both finish at the same moment, so a slow connection keeps only what it can fetch
+    /// in the time the thief needs for the rest; without them the remaining range is halved.
+    /// `connections` is how many connections the download runs: those out of work, and those that
+    /// will be before the victim finishes, share what is taken from a slow connection.
+    public mutating func next(
+        for connection: Int, rates: [Int: Double] = [:], thiefRate: Double? = nil, connections: Int = 1
+    ) -> Assignment? {
         release(connection)
         if let i = segments.indices.filter({ segments[$0].owner == nil && segments[$0].remaining > 0 })
             .max(by: { segments[$0].remaining < segments[$1].remaining })
@@ -78,12 +86,27 @@ public struct SegmentScheduler: Sendable, Equatable {
             segments[i].owner = connection
             return Assignment(segment: i, shrunk: nil)
         }
-        guard let victim = segments.indices.filter({ segments[$0].owner != nil })
-            .max(by: { segments[$0].remaining < segments[$1].remaining }),
-            segments[victim].remaining >= 2 * minSplit
+        func finishTime(_ i: Int) -> Double {
+            guard let r = rates[i], r > 0 else { return Double(segments[i].remaining) / (thiefRate ?? 1) }
+            return Double(segments[i].remaining) / r
+        }
+        guard let victim = segments.indices.filter({ segments[$0].owner != nil && segments[$0].remaining > 0 })
+            .max(by: { finishTime($0) < finishTime($1) })
         else { return nil }
         let v = segments[victim]
-        let mid = v.next + v.remaining / 2
+        var keep = v.remaining / 2
+        if let vr = rates[victim], vr > 0, let tr = thiefRate, tr > 0 {
+            let victimTime = finishTime(victim)
+            let busy = segments.indices.filter { segments[$0].owner != nil && segments[$0].owner != connection && segments[$0].remaining > 0 }
+            let freeSoon = busy.filter { $0 != victim && finishTime($0) < victimTime / 2 }.count
+            let helpers = max(1, connections - busy.count) + freeSoon
+            keep = Int64(Double(v.remaining) * vr / (vr + tr * Double(helpers)))
+            // A sliver is not worth waiting for on a slow connection: take it all.
+            if keep < minSplit { keep = 0 }
+        }
+        // The thief takes at least one minimum piece; a very slow victim may keep next to nothing.
+        guard v.remaining - keep >= minSplit else { return nil }
+        let mid = v.next + keep
         segments[victim].end = mid
         segments.append(Segment(start: mid, end: v.end, done: 0, owner: connection))
         return Assignment(segment: segments.count - 1, shrunk: (victim, mid))

@@ -51,6 +51,13 @@ public final class HTTPClientTransport: Transport {
             proxy: nil,
             decompression: .disabled)
         config.httpVersion = HTTPClient.Configuration.HTTPVersion.http1Only
+        // Reads of up to 256 KiB (NIO's default stops at 64 KiB): fewer syscalls and fewer trips
+        // through the HTTP stack per GiB, at 256 KiB of buffer per connection.
+        config.http1_1ConnectionDebugInitializer = { channel in
+            channel.setOption(
+                ChannelOptions.recvAllocator,
+                value: AdaptiveRecvByteBufferAllocator(minimum: 2048, initial: 65536, maximum: 262_144))
+        }
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: config)
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
     }
