@@ -24,6 +24,10 @@ public final class HTTPClientTransport: Transport {
         public var userAgent: String = "pickup/\(PickupVersion.string)"
         /// Connections kept per host.
         public var maxConnectionsPerHost: Int = 32
+        /// Largest read from a socket, in bytes; nil to let ``Downloader`` choose from the number of
+        /// connections (256 KiB for one: fewer trips through the HTTP stack per GiB; 64 KiB for
+        /// several, where each read is small anyway and 16 large buffers would only cost memory).
+        public var maxReadSize: Int?
 
         /// Default options.
         public init() {}
@@ -53,10 +57,11 @@ public final class HTTPClientTransport: Transport {
         config.httpVersion = HTTPClient.Configuration.HTTPVersion.http1Only
         // Reads of up to 256 KiB (NIO's default stops at 64 KiB): fewer syscalls and fewer trips
         // through the HTTP stack per GiB, at 256 KiB of buffer per connection.
+        let maxRead = max(4096, options.maxReadSize ?? 262_144)
         config.http1_1ConnectionDebugInitializer = { channel in
             channel.setOption(
                 ChannelOptions.recvAllocator,
-                value: AdaptiveRecvByteBufferAllocator(minimum: 2048, initial: 65536, maximum: 262_144))
+                value: AdaptiveRecvByteBufferAllocator(minimum: 2048, initial: min(65536, maxRead), maximum: maxRead))
         }
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: config)
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
