@@ -349,6 +349,28 @@ import TestServer
         await f.close()
     }
 
+    @Test func twoRunsOfTheSameDownloadNeverShareThePartialFile() async throws {
+        let f = try await Fixture()
+        f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 8 * 1024 * 1024))
+        let started = AsyncStream<Void>.makeStream()
+        let first = Task {
+            try await f.downloader.download(DownloadRequest(url: f.server.url("/slow.bin"), destination: .directory(f.dir.path))) {
+                if case .progress(let p) = $0, p.bytesDone > 0 { started.continuation.yield() }
+            }
+        }
+        for await _ in started.stream { break }
+        do {
+            _ = try await f.get("/slow.bin")
+            Issue.record("a second run must not drive the same partial file")
+        } catch {
+            #expect(error.category == .fileSystem)
+            #expect(error.description.contains("another pickup process"))
+        }
+        _ = try await first.value
+        #expect(f.dir.read("slow.bin") == body)
+        await f.close()
+    }
+
     @Test func progressReportsTotalsAndNeverGoesBackwards() async throws {
         let f = try await Fixture()
         f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 16 * 1024 * 1024))

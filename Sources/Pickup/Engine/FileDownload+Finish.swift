@@ -44,6 +44,8 @@ extension FileDownload {
             try file.sync()
             record.totalLength = size
             record.segments = [SegmentRecord(start: 0, end: size, done: size)]
+            cursors = [:]
+            scheduler = nil
             if record.target == nil { try chooseTarget(head: nil) }
             try ControlFile.store(record, at: controlPath)
             return (size, record)

@@ -69,24 +69,27 @@ final class FileDownload: @unchecked Sendable {
     func run() async throws -> DownloadResult {
         let started = Clock.monotonic()
         try FS.makeDirectories(directory)
+        // The partial file is opened and locked first, so that two processes never drive one download.
+        let file = try PartialFile(path: partialPath)
+        defer { file.close() }
+        guard file.lock() else { throw PickupError.busy(partialPath.string) }
+        lock.withLock { self.file = file }
         if request.restart {
             ControlFile.remove(controlPath)
-            FS.remove(partialPath)
+            try file.truncate(to: 0)
         }
         var conditional: (FilePath, CompletionRecord)? = nil
         if !loadControlFile() {
             if let found = store.lookup(url: request.url, directory: directory, name: fixedName) {
                 guard let v = found.1.validators, v.canRevalidate else {
                     onEvent(.notice("already downloaded: \(found.0) (the server gave no validator to check it against)"))
+                    discardPartialIfEmpty()
                     return DownloadResult(outcome: .unchanged, path: found.0, size: found.1.length,
                                           bytesTransferred: 0, resumedFrom: found.1.length, elapsed: 0)
                 }
                 conditional = found
             }
         }
-        let file = try PartialFile(path: partialPath)
-        lock.withLock { self.file = file }
-        defer { file.close() }
         let resumedFrom = lock.withLock { heldBytes() }
 
         let monitor = startMonitor()
@@ -121,7 +124,7 @@ final class FileDownload: @unchecked Sendable {
 
     /// Loads a trustworthy control file for this URL; returns whether there is something to resume.
     func loadControlFile() -> Bool {
-        let exists = FS.exists(controlPath) || FS.exists(partialPath)
+        let exists = FS.exists(controlPath) || (FS.size(partialPath) ?? 0) > 0
         guard let rec = ControlFile.load(controlPath) else {
             if exists {
                 onEvent(.notice("the partial download's control file is missing or damaged; starting over"))
@@ -157,9 +160,11 @@ final class FileDownload: @unchecked Sendable {
         return true
     }
 
+    /// Forgets the partial download: the control file goes; the open, locked partial file is emptied
+    /// (unlinking it would leave this run writing to a file with no name).
     func discardAll() {
         ControlFile.remove(controlPath)
-        FS.remove(partialPath)
+        if let file { try? file.truncate(to: 0) } else { FS.remove(partialPath) }
     }
 
     /// Drops every held byte and records that, durably, before any new byte is written.
@@ -189,7 +194,7 @@ final class FileDownload: @unchecked Sendable {
     func checkpoint() throws {
         try lock.withLock {
             guard let file else { return }
-            let written = cursors.mapValues { $0.written }
+            let written = cursors.filter { record.segments.indices.contains($0.key) }.mapValues { $0.written }
             guard written.contains(where: { $0.value > record.segments[$0.key].done }) else { return }
             try file.sync()
             for (i, w) in written where w > record.segments[i].done {
@@ -220,7 +225,10 @@ final class FileDownload: @unchecked Sendable {
 
     func discardPartialIfEmpty() {
         lock.withLock {
-            if heldBytes() == 0 { discardAll() }
+            if heldBytes() == 0 {
+                ControlFile.remove(controlPath)
+                FS.remove(partialPath)
+            }
         }
     }
 }

@@ -15,6 +15,8 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
     case fileSystem(String, Errno)
     /// A file is already at the target and overwriting was not allowed.
     case targetExists(String)
+    /// Another process is downloading to the same partial file.
+    case busy(String)
     /// The download was interrupted (signal or cancellation) after checkpointing.
     case interrupted
 
@@ -35,7 +37,7 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
         case .network: .network
         case .server: .server
         case .verification: .verification
-        case .fileSystem, .targetExists: .fileSystem
+        case .fileSystem, .targetExists, .busy: .fileSystem
         case .interrupted: .interrupted
         }
     }
@@ -54,6 +56,7 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
             default: return "\(path): \(errno.description)"
             }
         case .targetExists(let path): return "\(path) already exists"
+        case .busy(let path): return "another pickup process is already downloading to \(path)"
         case .interrupted: return "interrupted"
         }
     }

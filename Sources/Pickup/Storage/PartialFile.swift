@@ -73,6 +73,12 @@ public final class PartialFile: Sendable {
         if try size() < length { try truncate(to: length) }
     }
 
+    /// Takes an exclusive advisory lock for as long as the file is open (the kernel drops it when
+    /// the process ends, kill -9 included). False when another process holds it.
+    public func lock() -> Bool {
+        flock(fd.rawValue, LOCK_EX | LOCK_NB) == 0
+    }
+
     /// Closes the descriptor; the file stays.
     public func close() {
         try? fd.close()
