@@ -109,7 +109,12 @@ import Testing
 
     @Test func tornOrForeignFilesAreNotTrusted() {
         let bytes = ControlFile.encode(record)
-        #expect(ControlFile.decode(Array(bytes.dropLast(3))) == nil)  // torn write
+        #expect(bytes.count % 4096 == 0)  // padded to whole blocks, so it can be rewritten in place on a full disk
+        let payloadStart = bytes.firstIndex(of: UInt8(ascii: "\n"))! + 1
+        #expect(ControlFile.decode(Array(bytes.prefix(payloadStart + 20))) == nil)  // torn inside the payload
+        var padding = bytes
+        padding[padding.count - 1] = UInt8(ascii: "x")
+        #expect(ControlFile.decode(padding) == nil)  // anything but padding after the payload
         var flipped = bytes
         flipped[flipped.count - 5] ^= 0x01
         #expect(ControlFile.decode(flipped) == nil)  // corrupted payload

@@ -114,12 +114,18 @@ import TestServer
         let ctl = try #require(f.dir.entries.first { $0.hasSuffix(".pickup-ctl") }.flatMap { ControlFile.load(f.dir.file($0)) })
         #expect(ctl.segments.count >= 8)
         #expect(ctl.segments.filter { $0.done > 0 }.count >= 2)
-        let sentBefore = f.server.bytesSent("/i.bin")
+        let requestsBefore = f.server.requests("/i.bin").count
         f.server.update("/i.bin") { $0.bytesPerSecond = nil }
         _ = try await f.get("/i.bin")
         #expect(f.dir.read("i.bin") == body)
-        // The rerun fetched only what was not durable, in ranges starting where each one stopped.
-        #expect(f.server.bytesSent("/i.bin") - sentBefore <= body.count - Int(ctl.durableBytes) + 64 * 1024 * 8)
+        // The rerun fetched only what was not durable, in ranges starting where each one stopped,
+        // over several connections again.
+        let rerun = f.server.requests("/i.bin").dropFirst(requestsBefore)
+        #expect(rerun.reduce(0) { $0 + $1.bytesSent } <= body.count - Int(ctl.durableBytes) + 64 * 1024 * 8)
+        #expect(rerun.count > 1)
+        for seg in ctl.segments where seg.done > 0 && seg.done < seg.end! - seg.start {
+            #expect(rerun.contains { $0.headers["range"]?.hasPrefix("bytes=\(seg.start + seg.done)-") == true })
+        }
         await f.close()
     }
 

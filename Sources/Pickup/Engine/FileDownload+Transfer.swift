@@ -26,7 +26,10 @@ extension FileDownload {
         var restarts = 0
         while true {
             let (stream, continuation) = AsyncStream<Void>.makeStream()
-            lock.withLock { moreConnections = continuation }
+            lock.withLock {
+                moreConnections = continuation
+                connectionsDecided = false
+            }
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     let first = conditional
@@ -334,7 +337,12 @@ extension FileDownload {
                     cursor.end.store(min(cursor.end.load(ordering: .relaxed), total), ordering: .relaxed)
                     var s = SegmentScheduler(total: total, records: record.segments, minSplit: options.minSplitSize)
                     s.claim(cursor.segment, by: 0)
-                    if options.preallocate { try file.preallocate(total) }
+                    scheduler = s
+                }
+                // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
+                if !connectionsDecided, var s = scheduler {
+                    connectionsDecided = true
+                    if options.preallocate, try file.size() < s.total { try file.preallocate(s.total) }
                     let parallel = options.connections > 1 && validators.ifRange != nil
                     if parallel {
                         s.plan(connections: options.connections)

@@ -34,6 +34,8 @@ final class FileDownload: @unchecked Sendable {
     var resolvedURL: String
     /// Told when the first response allows more connections.
     var moreConnections: AsyncStream<Void>.Continuation?
+    /// Whether this round's first valid 206 has decided on more connections.
+    var connectionsDecided = false
     var unchanged: (FilePath, CompletionRecord)?
 
     init(request: DownloadRequest, options: DownloadOptions, transport: any Transport,

@@ -55,7 +55,12 @@ public struct ControlRecord: Codable, Equatable, Sendable {
 /// of the directory) and self-checking, so that a torn or foreign file is treated as absent.
 ///
 /// Layout: a line `pickup-control 1 <payload length> <sha-256 of payload, hex>`, then the JSON
-/// payload. Any mismatch of magic, version, length or checksum makes ``load(_:)`` return nil.
+/// payload, then spaces up to a whole number of 4 KiB blocks. Any mismatch of magic, version,
+/// length or checksum makes ``load(_:)`` return nil.
+///
+/// The padding is what lets a checkpoint succeed on a full disk: when the atomic replace cannot
+/// create its temp file (ENOSPC), the record is rewritten in place inside blocks the file already
+/// has. A write torn there is caught by the checksum, never trusted.
 public enum ControlFile {
     static let magic = "pickup-control"
     static let version = 1
@@ -66,7 +71,10 @@ public enum ControlFile {
         encoder.outputFormatting = [.sortedKeys]
         let payload = Array((try? encoder.encode(record)) ?? Data())
         let digest = Hex.encode(Array(SHA256.hash(data: payload)))
-        return Array("\(magic) \(version) \(payload.count) \(digest)\n".utf8) + payload
+        var bytes = Array("\(magic) \(version) \(payload.count) \(digest)\n".utf8) + payload
+        let padded = (bytes.count + 4095) / 4096 * 4096
+        bytes += [UInt8](repeating: UInt8(ascii: " "), count: padded - bytes.count)
+        return bytes
     }
 
     /// Decodes bytes written by ``encode(_:)``; nil when torn, foreign or of another version.
@@ -75,8 +83,11 @@ public enum ControlFile {
         let header = String(decoding: bytes[..<nl], as: UTF8.self).split(separator: " ")
         guard header.count == 4, header[0] == magic, header[1] == "\(version)", let length = Int(header[2])
         else { return nil }
-        let payload = Array(bytes[(nl + 1)...])
-        guard payload.count == length, Hex.encode(Array(SHA256.hash(data: payload))) == header[3] else { return nil }
+        guard bytes.count >= nl + 1 + length else { return nil }
+        let payload = Array(bytes[(nl + 1)..<(nl + 1 + length)])
+        guard bytes[(nl + 1 + length)...].allSatisfy({ $0 == UInt8(ascii: " ") }),
+            Hex.encode(Array(SHA256.hash(data: payload))) == header[3]
+        else { return nil }
         return try? JSONDecoder().decode(ControlRecord.self, from: Data(payload))
     }
 
@@ -88,8 +99,18 @@ public enum ControlFile {
 
     /// Replaces the control file atomically and durably.
     public static func store(_ record: ControlRecord, at path: FilePath) throws(PickupError) {
-        let tmp = FilePath(path.string + ".tmp")
         let bytes = encode(record)
+        do {
+            try replace(bytes, at: path)
+        } catch {
+            guard case .fileSystem(_, .noSpace) = error else { throw error }
+            try overwriteInPlace(bytes, at: path, original: error)
+        }
+    }
+
+    /// Temp file, fsync, rename, fsync of the directory.
+    static func replace(_ bytes: [UInt8], at path: FilePath) throws(PickupError) {
+        let tmp = FilePath(path.string + ".tmp")
         do {
             let fd = try FileDescriptor.open(
                 tmp, .writeOnly, options: [.create, .truncate, .closeOnExec], permissions: [.ownerReadWrite])
@@ -101,6 +122,20 @@ public enum ControlFile {
         }
         try FS.rename(tmp, path)
         FS.syncDirectory(path.removingLastComponent())
+    }
+
+    /// The disk is full: rewrite the existing file within its own blocks, if it is large enough.
+    static func overwriteInPlace(_ bytes: [UInt8], at path: FilePath, original: PickupError) throws(PickupError) {
+        FS.remove(FilePath(path.string + ".tmp"))
+        guard let size = FS.size(path), size >= Int64(bytes.count) else { throw original }
+        do {
+            let fd = try FileDescriptor.open(path, .writeOnly, options: [.closeOnExec])
+            defer { try? fd.close() }
+            _ = try fd.writeAll(toAbsoluteOffset: 0, bytes)
+            try FS.fsync(fd)
+        } catch {
+            throw original
+        }
     }
 
     /// Removes the control file (and a stray temp file).
