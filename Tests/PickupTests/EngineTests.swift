@@ -264,7 +264,8 @@ import TestServer
         await #expect(throws: PickupError.self) { try await f.get("/a.bin") }
         let ctl = ControlFile.load(f.dir.path.appending(f.dir.entries.first { $0.hasSuffix(".pickup-ctl") } ?? "none"))
         #expect(ctl?.durableBytes == 1_234_567)
-        _ = try await f.get("/a.bin")
+        let r = try await f.get("/a.bin")
+        #expect(r.resumedFrom == 1_234_567)
         #expect(f.dir.read("a.bin") == body)
         #expect(f.server.requests("/a.bin").last?.headers["range"] == "bytes=1234567-\(body.count - 1)")
         #expect(f.server.bytesSent("/a.bin") == body.count)
@@ -280,8 +281,9 @@ import TestServer
         // Same size or another size: a new version with a new ETag.
         let v2 = Resource.bytes(count: size, seed: 9)
         f.server.set("/a.bin", Resource(body: v2, etag: "\"v2\""))
-        _ = try await f.get("/a.bin")
+        let r = try await f.get("/a.bin")
         #expect(f.dir.read("a.bin") == v2)
+        #expect(r.resumedFrom == 0)  // the held bytes were discarded, not resumed from
         #expect(f.server.requests("/a.bin").last?.headers["if-range"] == "\"v1\"")
         await f.close()
     }

@@ -367,6 +367,7 @@ extension FileDownload {
                     onEvent(.notice("the server sent the whole file (200) instead of the rest; the held bytes are discarded"))
                 }
                 try file.truncate(to: 0)
+                keptFromStart = 0
                 record.validators = validators
                 record.totalLength = total
                 record.segments = [SegmentRecord(start: 0, end: total, done: 0)]

@@ -36,6 +36,8 @@ final class FileDownload: @unchecked Sendable {
     var moreConnections: AsyncStream<Void>.Continuation?
     /// Whether this round's first valid 206 has decided on more connections.
     var connectionsDecided = false
+    /// Bytes held at the start that were kept (zero once they had to be discarded).
+    var keptFromStart: Int64 = 0
     var unchanged: (FilePath, CompletionRecord)?
 
     init(request: DownloadRequest, options: DownloadOptions, transport: any Transport,
@@ -92,7 +94,7 @@ final class FileDownload: @unchecked Sendable {
                 conditional = found
             }
         }
-        let resumedFrom = lock.withLock { heldBytes() }
+        lock.withLock { keptFromStart = heldBytes() }
 
         let monitor = startMonitor()
         defer { monitor.cancel() }
@@ -107,7 +109,8 @@ final class FileDownload: @unchecked Sendable {
             }
             let (path, size) = try finish(file: file)
             return DownloadResult(outcome: .downloaded, path: path, size: size,
-                                  bytesTransferred: transferred.load(ordering: .relaxed), resumedFrom: resumedFrom,
+                                  bytesTransferred: transferred.load(ordering: .relaxed),
+                                  resumedFrom: lock.withLock { keptFromStart },
                                   elapsed: Clock.monotonic() - started)
         } catch {
             monitor.cancel()
@@ -173,6 +176,7 @@ final class FileDownload: @unchecked Sendable {
     func restartFromZero(_ file: PartialFile) throws {
         try lock.withLock {
             try file.truncate(to: 0)
+            keptFromStart = 0
             cursors = [:]
             scheduler = nil
             record.validators = nil
