@@ -328,13 +328,7 @@ import TestServer
     @Test func cancellationCheckpointsAndTheNextRunResumes() async throws {
         let f = try await Fixture()
         f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 4 * 1024 * 1024))
-        let started = AsyncStream<Void>.makeStream()
-        let task = Task {
-            try await f.downloader.download(DownloadRequest(url: f.server.url("/slow.bin"), destination: .directory(f.dir.path))) {
-                if case .progress(let p) = $0, p.bytesDone > 200_000 { started.continuation.yield() }
-            }
-        }
-        for await _ in started.stream { break }
+        let task = await f.startInBackground("/slow.bin", after: 200_000)
         task.cancel()
         let result = await task.result
         guard case .failure(let error as PickupError) = result, case .interrupted = error else {
@@ -354,13 +348,7 @@ import TestServer
     @Test func twoRunsOfTheSameDownloadNeverShareThePartialFile() async throws {
         let f = try await Fixture()
         f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 8 * 1024 * 1024))
-        let started = AsyncStream<Void>.makeStream()
-        let first = Task {
-            try await f.downloader.download(DownloadRequest(url: f.server.url("/slow.bin"), destination: .directory(f.dir.path))) {
-                if case .progress(let p) = $0, p.bytesDone > 0 { started.continuation.yield() }
-            }
-        }
-        for await _ in started.stream { break }
+        let first = await f.startInBackground("/slow.bin", after: 0)
         do {
             _ = try await f.get("/slow.bin")
             Issue.record("a second run must not drive the same partial file")

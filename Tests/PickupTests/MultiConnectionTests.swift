@@ -102,13 +102,7 @@ import TestServer
     @Test func interruptedMultiConnectionDownloadResumesEveryRange() async throws {
         let f = try await Fixture(connections: 8)
         f.server.set("/i.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
-        let progressed = AsyncStream<Void>.makeStream()
-        let task = Task {
-            try await f.downloader.download(DownloadRequest(url: f.server.url("/i.bin"), destination: .directory(f.dir.path))) {
-                if case .progress(let p) = $0, p.bytesDone > 2_000_000 { progressed.continuation.yield() }
-            }
-        }
-        for await _ in progressed.stream { break }
+        let task = await f.startInBackground("/i.bin", after: 2_000_000)
         task.cancel()
         _ = await task.result
         let ctl = try #require(f.dir.entries.first { $0.hasSuffix(".pickup-ctl") }.flatMap { ControlFile.load(f.dir.file($0)) })

@@ -72,6 +72,19 @@ final class Fixture: @unchecked Sendable {
                             overwrite: overwrite, restart: restart)) { events.record($0) }
     }
 
+    /// Starts downloading `path` in the background and returns once more than `bytes` are held
+    /// (waiting on the progress events, not on a clock).
+    func startInBackground(_ path: String, after bytes: Int64) async -> Task<DownloadResult, any Error> {
+        let (progressed, signal) = AsyncStream<Void>.makeStream()
+        let task = Task { [downloader, server, dir] in
+            try await downloader.download(DownloadRequest(url: server.url(path), destination: .directory(dir.path))) {
+                if case .progress(let p) = $0, p.bytesDone > bytes { signal.yield() }
+            }
+        }
+        for await _ in progressed { break }
+        return task
+    }
+
     func close() async {
         await downloader.shutdown()
         await server.stop()
