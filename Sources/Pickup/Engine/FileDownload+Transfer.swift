@@ -83,7 +83,6 @@ extension FileDownload {
             case .done:
                 break
             case .retired:
-                lock.withLock { scheduler?.release(id) }
                 return
             case .unchanged(let path, let rec):
                 lock.withLock { unchanged = (path, rec) }
@@ -175,11 +174,8 @@ extension FileDownload {
             let (validators, total) = lock.withLock { (record.validators, record.totalLength) }
             var offset = cursor.position.load(ordering: .relaxed)
             let end = cursor.end.load(ordering: .relaxed)
-            if conditional == nil, offset >= end || (total != nil && offset >= total!) {
-                if lock.withLock({ record.target }) == nil { try lock.withLock { try chooseTarget(head: nil) } }
-                return .done
-            }
-            if offset > cursor.start || cursor.start > 0, validators?.ifRange == nil, total == nil {
+            if conditional == nil, offset >= end || (total != nil && offset >= total!) { return .done }
+            if offset > 0, validators?.ifRange == nil, total == nil {
                 onEvent(.notice("the connection dropped and the server gives neither a validator nor a length, so the download must start again from zero"))
                 try restartFromZero(file)
                 cursor = firstCursor()
@@ -187,18 +183,8 @@ extension FileDownload {
             }
             let context = RequestContext(offset: offset, validators: offset > 0 ? validators : nil,
                                          totalLength: offset > 0 ? total : nil, conditional: conditional != nil)
-            // Open-ended only while the length is unknown (the first request); otherwise exactly the range,
-            // so a finished range leaves its connection reusable and sends no byte twice.
-            let last: Int64? = end == .max ? nil : end - 1
-            var headers: [(name: String, value: String)] = [("Range", ByteRange(first: offset, last: last).headerValue)]
-            if offset > 0, let ifRange = validators?.ifRange { headers.append(("If-Range", ifRange)) }
-            if let cv = conditional?.1.validators {
-                if let etag = cv.etag {
-                    headers.append(("If-None-Match", etag.headerValue))
-                } else if let lm = cv.lastModified {
-                    headers.append(("If-Modified-Since", lm))
-                }
-            }
+            let headers = Self.requestHeaders(offset: offset, end: end, validators: validators,
+                                              conditional: conditional?.1.validators)
             let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor)
             var failure: String? = nil
             var retryAfter: Int64? = nil
@@ -233,7 +219,6 @@ extension FileDownload {
                 }
             case .alreadyComplete?:
                 lock.withLock { completeUnknownLength(cursor) }
-                if lock.withLock({ record.target }) == nil { try lock.withLock { try chooseTarget(head: nil) } }
                 return .done
             case .notModified?:
                 if let conditional { return .unchanged(conditional.0, conditional.1) }
@@ -257,28 +242,21 @@ extension FileDownload {
                     url = request.url
                     continue
                 }
-                if othersActive() {
-                    onEvent(.notice("connection \(id + 1) retired: \(why)"))
-                    return .retired
-                }
+                if retire(id, because: why) { return .retired }
                 throw PickupError.server(status: status, "\(why) for \(url)")
             }
             guard let failure else { continue }
             failuresInRow = progressed ? 1 : failuresInRow + 1
             ownFailures += 1
             sinceLastFailure = now
-            if ownFailures > retireAfter, othersActive() {
-                onEvent(.notice("connection \(id + 1) retired after \(ownFailures) failures: \(failure)"))
+            if ownFailures > retireAfter, retire(id, because: "\(ownFailures) failures in a row: \(failure)") {
                 return .retired
             }
             guard failuresInRow <= options.retry.maxAttemptsWithoutProgress,
                 let delay = options.retry.delay(failuresInRow: min(ownFailures, options.retry.maxAttemptsWithoutProgress),
                                                 retryAfter: retryAfter, jitter: Double.random(in: 0...1))
             else {
-                if othersActive() {
-                    onEvent(.notice("connection \(id + 1) retired: \(failure)"))
-                    return .retired
-                }
+                if retire(id, because: failure) { return .retired }
                 if let retryAfter, Double(retryAfter) > options.retry.maxRetryAfter {
                     throw PickupError.server(status: 503, "\(failure); the server asks to retry after \(retryAfter) s")
                 }
@@ -290,10 +268,37 @@ extension FileDownload {
         }
     }
 
-    /// Whether other connections are fetching, so this one may retire and leave its range to them;
-    /// the last connection standing uses the whole retry budget.
-    func othersActive() -> Bool {
-        lock.withLock { (scheduler?.activeConnections ?? 0) > 1 }
+    /// Retires connection `id` (its range goes back to the others) when other connections are
+    /// fetching; the last connection standing keeps the whole retry budget. Returns whether it did.
+    func retire(_ id: Int, because why: String) -> Bool {
+        guard lock.withLock({ (scheduler?.activeConnections ?? 0) > 1 }) else { return false }
+        onEvent(.notice("connection \(id + 1) retired: \(why)"))
+        return true
+    }
+
+    /// `Range` (open-ended only while the length is unknown, otherwise exactly the range, so a
+    /// finished range leaves its connection reusable and nothing is sent twice), `If-Range` when
+    /// resuming, and the conditionals that ask whether a finished file changed.
+    static func requestHeaders(offset: Int64, end: Int64, validators: Validators?, conditional: Validators?)
+        -> [(name: String, value: String)]
+    {
+        var headers: [(name: String, value: String)] = [
+            ("Range", ByteRange(first: offset, last: end == .max ? nil : end - 1).headerValue)
+        ]
+        if offset > 0, let ifRange = validators?.ifRange { headers.append(("If-Range", ifRange)) }
+        if let etag = conditional?.etag {
+            headers.append(("If-None-Match", etag.headerValue))
+        } else if let lm = conditional?.lastModified {
+            headers.append(("If-Modified-Since", lm))
+        }
+        return headers
+    }
+
+    /// A scheduler over the record's ranges, with `segment` owned by the first connection. With `lock` held.
+    func makeScheduler(total: Int64, claiming segment: Int?) -> SegmentScheduler {
+        var s = SegmentScheduler(total: total, records: record.segments, minSplit: options.minSplitSize)
+        if let segment { s.claim(segment, by: 0) }
+        return s
     }
 
     /// A body without a known length ended (or a 416 confirmed it): its length is what we hold.
@@ -335,9 +340,7 @@ extension FileDownload {
                 if scheduler == nil, let total {
                     record.segments[cursor.segment].end = total
                     cursor.end.store(min(cursor.end.load(ordering: .relaxed), total), ordering: .relaxed)
-                    var s = SegmentScheduler(total: total, records: record.segments, minSplit: options.minSplitSize)
-                    s.claim(cursor.segment, by: 0)
-                    scheduler = s
+                    scheduler = makeScheduler(total: total, claiming: cursor.segment)
                 }
                 // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
                 if !connectionsDecided, var s = scheduler {
@@ -354,7 +357,6 @@ extension FileDownload {
                     moreConnections?.finish()
                 }
                 if first || context.conditional {
-                    if at > 0 { try file.sync() }
                     if record.target == nil || context.conditional { try chooseTarget(head: head) }
                     try ControlFile.store(record, at: controlPath)
                 }
@@ -372,11 +374,7 @@ extension FileDownload {
                 record.totalLength = total
                 record.segments = [SegmentRecord(start: 0, end: total, done: 0)]
                 record.serverDigest = Self.serverDigest(head)
-                scheduler = total.map {
-                    var s = SegmentScheduler(total: $0, records: record.segments, minSplit: options.minSplitSize)
-                    s.claim(0, by: 0)
-                    return s
-                }
+                scheduler = total.map { makeScheduler(total: $0, claiming: 0) }
                 moreConnections?.finish()
                 let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total)
                 cursors = [0: fresh]

@@ -152,11 +152,7 @@ final class FileDownload: @unchecked Sendable {
             return false
         }
         record = rec
-        if let total = rec.totalLength {
-            var s = SegmentScheduler(total: total, records: rec.segments, minSplit: options.minSplitSize)
-            for i in s.segments.indices { s.report(i, done: rec.segments[i].done) }
-            scheduler = s
-        }
+        scheduler = rec.totalLength.map { makeScheduler(total: $0, claiming: nil) }
         if held > 0 {
             let total = rec.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
             let parts = rec.segments.filter { $0.done < ($0.end ?? .max) - $0.start }.count

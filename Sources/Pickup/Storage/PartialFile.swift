@@ -154,9 +154,8 @@ enum FS {
 
     static func makeDirectories(_ path: FilePath) throws(PickupError) {
         if isDirectory(path) { return }
-        if let parent = path.removingLastComponent() as FilePath?, parent != path, !parent.isEmpty {
-            try makeDirectories(parent)
-        }
+        let parent = path.removingLastComponent()
+        if parent != path, !parent.isEmpty { try makeDirectories(parent) }
         if mkdir(path.string, 0o755) != 0 && errno != EEXIST {
             throw .fileSystem(path.string, Errno(rawValue: errno))
         }
