@@ -38,30 +38,23 @@ import TestServer
         await f.close()
     }
 
-    @Test func noRangeSupportMeansOneConnectionSilently() async throws {
-        let f = try await Fixture(connections: 8)
-        f.server.set("/n.bin", Resource(body: body, acceptRanges: false))
-        _ = try await f.get("/n.bin")
-        #expect(f.dir.read("n.bin") == body)
-        #expect(f.server.requests("/n.bin").count == 1)
-        await f.close()
+    /// Servers and files that one connection must serve alone, silently.
+    enum OneConnection: String, CaseIterable, Sendable {
+        case noRangeSupport, onlyAWeakETag, smallFile
     }
 
-    @Test func noStrongValidatorMeansOneConnection() async throws {
+    @Test(arguments: OneConnection.allCases)
+    func fallsBackToOneConnectionSilently(_ reason: OneConnection) async throws {
         let f = try await Fixture(connections: 8)
-        f.server.set("/w.bin", Resource(body: body, etag: "W/\"weak\""))
-        _ = try await f.get("/w.bin")
-        #expect(f.dir.read("w.bin") == body)
-        #expect(f.server.requests("/w.bin").count == 1)
-        await f.close()
-    }
-
-    @Test func smallFilesUseOneConnection() async throws {
-        let f = try await Fixture(connections: 8)
-        f.server.set("/small", Resource(body: Array(body.prefix(100_000))))
-        _ = try await f.get("/small")
-        #expect(f.dir.read("small") == Array(body.prefix(100_000)))
-        #expect(f.server.requests("/small").count == 1)
+        let resource = switch reason {
+        case .noRangeSupport: Resource(body: body, acceptRanges: false)
+        case .onlyAWeakETag: Resource(body: body, etag: "W/\"weak\"")
+        case .smallFile: Resource(body: Array(body.prefix(100_000)))
+        }
+        f.server.set("/one", resource)
+        _ = try await f.get("/one")
+        #expect(f.dir.read("one") == resource.body)
+        #expect(f.server.requests("/one").count == 1)
         await f.close()
     }
 

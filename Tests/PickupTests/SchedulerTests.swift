@@ -5,6 +5,15 @@ import Testing
 @Suite struct SegmentSchedulerTests {
     let MiB: Int64 = 1 << 20
 
+    /// Two halves, the first owned by connection 0, the second taken by connection 1.
+    func twoConnections(total: Int64) -> SegmentScheduler {
+        var s = SegmentScheduler(total: total, records: [], minSplit: MiB)
+        s.claim(0, by: 0)
+        s.plan(connections: 2)
+        _ = s.next(for: 1)
+        return s
+    }
+
     /// Ranges never overlap and cover the whole file.
     func checkCoverage(_ s: SegmentScheduler) {
         let sorted = s.segments.sorted { $0.start < $1.start }
@@ -46,10 +55,7 @@ import Testing
     }
 
     @Test func splitsByMeasuredSpeedSoBothFinishTogether() {
-        var s = SegmentScheduler(total: 100 * MiB, records: [], minSplit: MiB)
-        s.claim(0, by: 0)
-        s.plan(connections: 2)
-        _ = s.next(for: 1)
+        var s = twoConnections(total: 100 * MiB)
         s.report(1, done: 50 * MiB)
         s.report(0, done: 5 * MiB)  // 45 MiB left at 2 MiB/s; the thief does 20 MiB/s
         let a = s.next(for: 1, rates: [0: 2 * 1_048_576], thiefRate: 20 * 1_048_576)
@@ -57,10 +63,7 @@ import Testing
         #expect(a?.shrunk?.segment == 0)
         #expect(abs(Double(keep) - 45.0 / 11.0 * Double(MiB)) < Double(MiB) / 100)  // 45 * 2/22
         // The victim is the range that would finish last, not the longest.
-        var t = SegmentScheduler(total: 100 * MiB, records: [], minSplit: MiB)
-        t.claim(0, by: 0)
-        t.plan(connections: 2)
-        _ = t.next(for: 1)
+        var t = twoConnections(total: 100 * MiB)
         t.report(0, done: 40 * MiB)  // 10 MiB left, fast
         t.report(1, done: 30 * MiB)  // 20 MiB left... but connection 1 is slower still
         let b = t.next(for: 2, rates: [0: 100, 1: 1_000_000], thiefRate: 1_000_000)
@@ -92,10 +95,7 @@ import Testing
     }
 
     @Test func releasedRangesAreTakenOverWithTheirProgress() {
-        var s = SegmentScheduler(total: 10 * MiB, records: [], minSplit: MiB)
-        s.claim(0, by: 0)
-        s.plan(connections: 2)
-        _ = s.next(for: 1)
+        var s = twoConnections(total: 10 * MiB)
         s.report(1, done: 2 * MiB)
         s.release(1)  // connection 1 retired
         #expect(s.activeConnections == 1)
