@@ -36,8 +36,8 @@ final class EventLog: @unchecked Sendable {
     }
 }
 
-/// A downloader tuned for tests: short stall timeout and backoff, state in its own directory.
-func testDownloader(state: FilePath, stall: Double = 0.5, retries: Int = 6, connections: Int = 1, backoff: Double = 0.01) -> Downloader {
+/// Engine options tuned for tests: short backoff, frequent progress and checkpoints, state in its own directory.
+func testOptions(state: FilePath, retries: Int = 6, connections: Int = 1, backoff: Double = 0.01) -> DownloadOptions {
     var options = DownloadOptions()
     options.connections = connections
     options.minSplitSize = 64 * 1024
@@ -45,10 +45,21 @@ func testDownloader(state: FilePath, stall: Double = 0.5, retries: Int = 6, conn
     options.stateDirectory = state
     options.progressInterval = 0.02
     options.checkpointInterval = 0.1
+    return options
+}
+
+/// Transport options tuned for tests: stalls noticed quickly.
+func testTransport(stall: Double = 0.5) -> HTTPClientTransport.Options {
     var transport = HTTPClientTransport.Options()
     transport.stallTimeout = stall
     transport.connectTimeout = 2
-    return Downloader(options: options, transport: transport)
+    return transport
+}
+
+/// A downloader tuned for tests.
+func testDownloader(state: FilePath, stall: Double = 0.5, retries: Int = 6, connections: Int = 1, backoff: Double = 0.01) -> Downloader {
+    Downloader(options: testOptions(state: state, retries: retries, connections: connections, backoff: backoff),
+               transport: testTransport(stall: stall))
 }
 
 /// One test's world: a server, a download directory, a state directory and a downloader.

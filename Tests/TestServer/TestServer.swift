@@ -15,6 +15,9 @@ public final class TestServer: Sendable {
         var active: [String: Int] = [:]
         var changes: [String: (after: Int, to: Resource)] = [:]
         var closed: Set<Int> = []
+        /// Responses with a body being sent now, over all paths, and the most there ever were.
+        var activeTotal = 0
+        var peakTotal = 0
     }
 
     /// The port it listens on.
@@ -82,6 +85,9 @@ public final class TestServer: Sendable {
     public func bytesSent(_ path: String) -> Int {
         requests(path).filter { $0.status == 200 || $0.status == 206 }.reduce(0) { $0 + $1.bytesSent }
     }
+
+    /// The most 200/206 responses that were being sent at the same time, over all paths.
+    public var peakConcurrentTransfers: Int { state.withLockedValue { $0.peakTotal } }
 
     /// `URL` of a path on this server.
     public func url(_ path: String) -> String { baseURL + path }
@@ -187,6 +193,8 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         if case .throttle(let bps)? = fault { rate = bps }
         if let slow = r.firstRangeBytesPerSecond, recorded["range"]?.hasPrefix("bytes=0-") == true { rate = slow }
         state.active[path, default: 0] += 1
+        state.activeTotal += 1
+        state.peakTotal = max(state.peakTotal, state.activeTotal)
         return Plan(status: status, headers: headers, body: slice, fault: fault, rate: rate, logIndex: index, path: path)
     }
 
@@ -223,7 +231,10 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
     func finished(_ plan: Plan) {
         guard !plan.path.isEmpty else { return }
         state.withLockedValue {
-            if $0.closed.insert(plan.logIndex).inserted { $0.active[plan.path, default: 1] -= 1 }
+            if $0.closed.insert(plan.logIndex).inserted {
+                $0.active[plan.path, default: 1] -= 1
+                $0.activeTotal -= 1
+            }
         }
     }
 

@@ -43,14 +43,15 @@ struct RangeComplete: SinkError {}
 /// The sink for one attempt: decides on the response head (through ``FileDownload``) and then
 /// writes the body at its offset in the partial file.
 ///
-/// `receiveBody` is the per-chunk path: one atomic load, one `pwrite`, two atomic stores; no
-/// allocation, no lock, no actor hop, no await.
+/// `receiveBody` is the per-chunk path: one atomic load, one `pwrite`, two atomic stores, one
+/// atomic load per speed limit (a lock only when a limit is set); no allocation, no actor hop, no await.
 final class BodyWriter: ResponseSink, @unchecked Sendable {
     // The transport calls this object from one thread at a time, in order (head, then body parts);
     // the engine reads `decision` only after `fetch` has returned. Cross-thread readers use the atomics.
     let download: FileDownload
     let context: RequestContext
     let file: PartialFile
+    let limiters: [RateLimiter]
     private(set) var cursor: SegmentCursor
     private(set) var decision: ResponseDecision?
     private var writing = false
@@ -66,6 +67,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         self.context = context
         self.file = file
         self.cursor = cursor
+        limiters = download.request.limiters
     }
 
     func receiveHead(_ head: ResponseHead) throws {
@@ -80,11 +82,11 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     }
 
     @inline(__always)
-    func receiveBody(_ bytes: UnsafeRawBufferPointer) throws {
+    func receiveBody(_ bytes: UnsafeRawBufferPointer) throws -> Double {
         guard writing else {
             discarded += bytes.count
             if discarded > Self.maxDiscard { throw TransportError.transient("response body to discard is too large") }
-            return
+            return 0
         }
         let limit = cursor.end.load(ordering: .relaxed)
         let n = Int(min(Int64(bytes.count), max(0, limit - offset)))
@@ -99,6 +101,9 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
             download.transferred.wrappingIncrement(by: Int64(n), ordering: .relaxed)
         }
         if offset >= limit && limit < responseEnd { throw RangeComplete() }
+        var pause = 0.0
+        for limiter in limiters { pause = max(pause, limiter.take(bytes.count)) }
+        return pause
     }
 }
 

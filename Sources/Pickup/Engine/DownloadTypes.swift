@@ -21,17 +21,21 @@ public struct DownloadRequest: Sendable {
     public var overwrite: Bool
     /// Throw away any partial download and start from zero.
     public var restart: Bool
+    /// Speed limits this download obeys (its own, a global one...): each is shared by all of its
+    /// connections, and may be shared with other downloads.
+    public var limiters: [RateLimiter]
 
     /// A request.
     public init(
         url: String, destination: Destination, checksum: ExpectedDigest? = nil, overwrite: Bool = false,
-        restart: Bool = false
+        restart: Bool = false, limiters: [RateLimiter] = []
     ) {
         self.url = url
         self.destination = destination
         self.checksum = checksum
         self.overwrite = overwrite
         self.restart = restart
+        self.limiters = limiters
     }
 }
 

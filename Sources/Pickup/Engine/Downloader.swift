@@ -57,6 +57,23 @@ public final class Downloader: Sendable {
         }
     }
 
+    /// What an earlier, unfinished run of `request` left on disk: the bytes its control file
+    /// vouches for and the complete length if known; nil when nothing is held.
+    public static func partialProgress(of request: DownloadRequest) -> (bytesHeld: Int64, totalBytes: Int64?)? {
+        guard let (_, partial, control) = try? FileDownload.paths(for: request), FS.exists(partial),
+            let record = ControlFile.load(control), record.url == request.url
+        else { return nil }
+        return (record.durableBytes, record.totalLength)
+    }
+
+    /// Deletes the partial file and control file of an unfinished download of `request`. Call it
+    /// only when no run of that request is going on.
+    public static func discardPartial(of request: DownloadRequest) {
+        guard let (_, partial, control) = try? FileDownload.paths(for: request) else { return }
+        ControlFile.remove(control)
+        FS.remove(partial)
+    }
+
     /// Closes connections. Call once, when done with the downloader.
     public func shutdown() async {
         await transport.shutdown()

@@ -47,6 +47,17 @@ final class FileDownload: @unchecked Sendable {
         self.transport = transport
         self.onEvent = onEvent
         self.store = CompletionStore(stateDirectory: options.stateDirectory ?? StateDirectory.default)
+        (directory, partialPath, controlPath) = try Self.paths(for: request)
+        record = ControlRecord(url: request.url, target: nil, validators: nil, totalLength: nil,
+                               segments: [SegmentRecord(start: 0, end: nil, done: 0)])
+        resolvedURL = request.url
+    }
+
+    /// Where a request's bytes live until it finishes: the target's directory, the partial file
+    /// and its control file (`NAME.pickup-part` for `-o NAME`, `.pickup-HASH.pickup-part` in a
+    /// directory, named by the URL, until the server has named the file).
+    static func paths(for request: DownloadRequest) throws(PickupError) -> (FilePath, FilePath, FilePath) {
+        let directory: FilePath
         let base: FilePath
         switch request.destination {
         case .file(let path):
@@ -61,11 +72,7 @@ final class FileDownload: @unchecked Sendable {
             let key = Hex.encode(Array(SHA256.hash(data: Array(request.url.utf8)))).prefix(16)
             base = dir.appending(".pickup-\(key)")
         }
-        partialPath = FilePath(base.string + ".pickup-part")
-        controlPath = FilePath(base.string + ".pickup-ctl")
-        record = ControlRecord(url: request.url, target: nil, validators: nil, totalLength: nil,
-                               segments: [SegmentRecord(start: 0, end: nil, done: 0)])
-        resolvedURL = request.url
+        return (directory, FilePath(base.string + ".pickup-part"), FilePath(base.string + ".pickup-ctl"))
     }
 
     // MARK: - The run

@@ -17,6 +17,8 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
     case targetExists(String)
     /// Another process is downloading to the same partial file.
     case busy(String)
+    /// Another process is driving a ``DownloadManager`` on the same state directory.
+    case stateInUse(String)
     /// The download was interrupted (signal or cancellation) after checkpointing.
     case interrupted
 
@@ -26,7 +28,7 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
     }
 
     /// Broad kinds of failure, each with its own exit code.
-    public enum Category: Sendable {
+    public enum Category: String, Sendable, Codable {
         case usage, network, server, verification, fileSystem, interrupted
     }
 
@@ -37,7 +39,7 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
         case .network: .network
         case .server: .server
         case .verification: .verification
-        case .fileSystem, .targetExists, .busy: .fileSystem
+        case .fileSystem, .targetExists, .busy, .stateInUse: .fileSystem
         case .interrupted: .interrupted
         }
     }
@@ -57,6 +59,8 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
             }
         case .targetExists(let path): return "\(path) already exists"
         case .busy(let path): return "another pickup process is already downloading to \(path)"
+        case .stateInUse(let path):
+            return "another process is already using the download state in \(path); stop it first or use another state directory"
         case .interrupted: return "interrupted"
         }
     }

@@ -135,7 +135,8 @@ public final class HTTPClientTransport: Transport {
 
 /// Adapts a ``ResponseSink`` to AsyncHTTPClient's delegate: the body callback writes through
 /// and hands back a future that is already succeeded and reused, so the per-chunk path allocates
-/// nothing of ours.
+/// nothing of ours. Under a speed limit it hands back a timer's future instead: AsyncHTTPClient
+/// reads nothing more from that connection until it fires.
 final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unchecked Sendable {
     typealias Response = Void
     // All calls arrive on the task's event loop, one after another (AsyncHTTPClient's contract),
@@ -159,7 +160,11 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
 
     func didReceiveBodyPart(task: HTTPClient.Task<Void>, _ buffer: ByteBuffer) -> EventLoopFuture<Void> {
         do {
-            try buffer.withUnsafeReadableBytes { try sink.receiveBody($0) }
+            let pause = try buffer.withUnsafeReadableBytes { try sink.receiveBody($0) }
+            if pause > 0 {
+                // A speed limit: read nothing more until the bucket has refilled.
+                return task.eventLoop.scheduleTask(in: .nanoseconds(Int64(pause * 1e9))) {}.futureResult
+            }
             return done!
         } catch {
             return task.eventLoop.makeFailedFuture(error)

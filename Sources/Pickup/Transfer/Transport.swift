@@ -17,8 +17,9 @@ public struct FetchRequest: Sendable {
 public protocol ResponseSink: AnyObject, Sendable {
     /// The response head. Throwing aborts the transfer with that error.
     func receiveHead(_ head: ResponseHead) throws
-    /// A chunk of the body. Throwing aborts the transfer with that error.
-    func receiveBody(_ bytes: UnsafeRawBufferPointer) throws
+    /// A chunk of the body. Returns the seconds to wait before reading more (0: go on at once;
+    /// a speed limit answers more). Throwing aborts the transfer with that error.
+    func receiveBody(_ bytes: UnsafeRawBufferPointer) throws -> Double
 }
 
 /// An error a ``ResponseSink`` throws on purpose (the engine's own signals and failures): the

@@ -1,0 +1,165 @@
+import Foundation
+import NIOConcurrencyHelpers
+import SystemPackage
+
+/// Bookkeeping of ``DownloadManager``: state changes, the database, events, totals.
+extension DownloadManager {
+    /// Moves a download through the queue's state machine; saves and announces it when it moved.
+    func moveTo(_ id: DownloadID, _ state: DownloadState) {
+        guard queue.transition(id, to: state) else { return }
+        update(id) {
+            $0.state = state
+            if state == .waiting { $0.failure = nil; $0.finishedAt = nil }
+            if state != .running { $0.progress.bytesPerSecond = 0 }
+        }
+        persist(id)
+        emitChanged(id)
+        setChanged()
+    }
+
+    /// Cancels a running transfer, remembering why so that its end is handled as asked.
+    func stop(_ id: DownloadID, _ intent: StopIntent) {
+        guard let run = running[id] else { return }
+        stopping[id] = intent
+        run.task.cancel()
+    }
+
+    func update(_ id: DownloadID, _ change: (inout DownloadInfo) -> Void) {
+        guard var info = infos[id] else { return }
+        change(&info)
+        infos[id] = info
+    }
+
+    /// Saves a download's row (its state as given, else as it is). A failure to save is reported
+    /// as a notice: the download itself goes on, and the engine's control file still holds its bytes.
+    func persist(_ id: DownloadID, state: DownloadState? = nil) {
+        guard var info = infos[id] else { return }
+        if let state { info.state = state }
+        do {
+            try store.update([DownloadRow(info: info, place: queue.entries[id]?.place ?? 0)])
+        } catch {
+            emit(.notice(id, "could not save the download's state: \(error)"))
+        }
+    }
+
+    func emit(_ event: ManagerEvent) {
+        for o in observers.values { o.yield(event) }
+    }
+
+    func emitChanged(_ id: DownloadID) {
+        if let info = infos[id] { emit(.changed(info)) }
+    }
+
+    /// Downloads changed state: totals are sent at the next tick. When the set of downloads
+    /// changed (added, removed, queued again), the fraction may go down: there is more to fetch.
+    func setChanged(newWork: Bool = false) {
+        totalsDirty = true
+        if newWork { floorFraction = 0 }
+        startTicker()
+    }
+
+    /// Takes what the engine reported for a running download: its progress and notices.
+    func drain(_ id: DownloadID, _ box: NIOLockedValueBox<Reported>?) {
+        guard let box else { return }
+        let reported = box.withLockedValue { r -> Reported in
+            defer { r.notices = []; r.progress = nil }
+            return r
+        }
+        for n in reported.notices { emit(.notice(id, n)) }
+        if let p = reported.progress, infos[id]?.state == .running, infos[id]?.progress != p {
+            update(id) { $0.progress = p }
+            emit(.progress(id, p))
+            totalsDirty = true
+        }
+    }
+
+    /// Sends progress and totals every ``Configuration/progressInterval`` while anything runs or changed.
+    func startTicker() {
+        guard ticker == nil, !isShutDown else { return }
+        let interval = configuration.progressInterval
+        ticker = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(nanoseconds: UInt64(interval * 1e9))
+                if !self.tick() { break }
+            }
+        }
+    }
+
+    /// One tick; returns whether to keep ticking.
+    private func tick() -> Bool {
+        for (id, run) in running { drain(id, run.box) }
+        if totalsDirty { emitTotals() }
+        if running.isEmpty && !totalsDirty {
+            ticker = nil
+            return false
+        }
+        return true
+    }
+
+    func emitTotals() {
+        totalsDirty = false
+        guard !observers.isEmpty else { return }
+        emit(.totals(computeTotals()))
+    }
+
+    func computeTotals() -> ManagerTotals {
+        var t = ManagerTotals()
+        var knownDone: Int64 = 0
+        for info in infos.values {
+            t.counts[info.state, default: 0] += 1
+            t.bytesDone += info.progress.bytesDone
+            if let total = info.progress.totalBytes {
+                t.totalBytes += total
+                knownDone += min(total, info.progress.bytesDone)
+            }
+            if info.state == .running { t.bytesPerSecond += info.progress.bytesPerSecond }
+        }
+        if t.totalBytes > 0 {
+            let f = max(floorFraction, Double(knownDone) / Double(t.totalBytes))
+            floorFraction = f
+            t.fraction = f
+        }
+        t.knownBytesDone = knownDone
+        return t
+    }
+
+    // MARK: - Checks and conversions
+
+    func checkOpen() throws(PickupError) {
+        if isShutDown { throw .invalidInput("the download manager is shut down") }
+    }
+
+    func checkKnown(_ id: DownloadID) throws(PickupError) {
+        try checkOpen()
+        if infos[id] == nil { throw .invalidInput("no download with id \(id)") }
+    }
+
+    /// The engine's request for a download.
+    static func request(for info: DownloadInfo) -> DownloadRequest {
+        DownloadRequest(url: info.url, destination: info.destination, checksum: info.checksum, overwrite: info.overwrite)
+    }
+
+    /// A destination with an absolute path, so that it means the same after a restart elsewhere.
+    static func absolute(_ d: Destination) -> Destination {
+        func abs(_ p: FilePath) -> FilePath {
+            p.isAbsolute ? p.lexicallyNormalized() : FilePath(FileManager.default.currentDirectoryPath).pushing(p).lexicallyNormalized()
+        }
+        switch d {
+        case .file(let p): return .file(abs(p))
+        case .directory(let p): return .directory(abs(p))
+        }
+    }
+
+    static func validate(_ url: String, _ destination: Destination) throws(PickupError) {
+        guard let scheme = url.split(separator: ":", maxSplits: 1).first?.lowercased(),
+            scheme == "http" || scheme == "https", url.contains("://"), URL(string: url)?.host?.isEmpty == false
+        else { throw .invalidInput("not an http or https URL: \(url)") }
+        _ = try FileDownload.paths(for: DownloadRequest(url: url, destination: destination))
+    }
+
+    /// Whether a completed download's file is still at its path with its size.
+    static func fileIsThere(_ info: DownloadInfo) -> Bool {
+        guard let path = info.path, let size = FS.size(path) else { return false }
+        return info.progress.totalBytes.map { $0 == size } ?? true
+    }
+}

@@ -1,0 +1,548 @@
+import Foundation
+import NIOConcurrencyHelpers
+import SystemPackage
+
+/// Owns many downloads: a persistent queue with a limit on how many run at once, priorities,
+/// FIFO or LIFO, pause/resume/cancel, speed limits, and events that any number of observers can
+/// follow. Everything survives the process ending in any way: a new manager on the same state
+/// directory restores every download and resumes those that were running.
+///
+/// ```swift
+/// var config = DownloadManager.Configuration(stateDirectory: "/var/lib/myapp/downloads")
+/// config.maxConcurrentDownloads = 3
+/// let manager = try DownloadManager(configuration: config)
+/// let id = try await manager.add("https://example.com/episode-1.mp3", to: .directory("/data/episodes"))
+/// for await event in await manager.events() {
+///     switch event {
+///     case .snapshot(let all, _): print(all.count, "downloads")
+///     case .progress(let id, let p): print(id, p.bytesDone, p.fraction ?? 0)
+///     case .changed(let info) where info.state == .completed: print("saved", info.path!)
+///     case .changed(let info) where info.state == .failed: print("failed:", info.failure!)
+///     default: break
+///     }
+/// }
+/// ```
+///
+/// The queue and each download's options and state are in SQLite (`manager.sqlite`, through
+/// GRDB); the bytes and their progress are in the engine's control files, checkpointed every
+/// second. One process at a time drives a state directory (an advisory lock, dropped by the
+/// kernel when the process dies).
+public actor DownloadManager {
+    /// How a manager behaves.
+    public struct Configuration: Sendable {
+        /// Where the database, the lock and the completion records live.
+        public var stateDirectory: FilePath
+        /// Downloads transferring at once (changeable with ``DownloadManager/setMaxConcurrentDownloads(_:)``).
+        public var maxConcurrentDownloads = 3
+        /// Start every waiting download at once, whatever the limit (batch mode).
+        public var startsAllAtOnce = false
+        /// Which waiting download of equal priority starts first.
+        public var order: QueueOrder = .fifo
+        /// Global speed limit in bytes per second, over all downloads (nil: none).
+        public var speedLimit: Int64?
+        /// Start (and resume restored) downloads as soon as the manager exists; when false, nothing
+        /// starts until ``DownloadManager/start()``.
+        public var autoStart = true
+        /// How often progress events are sent, in seconds.
+        public var progressInterval = 0.25
+        /// Engine settings for every download (connections, retries, checkpoint interval...).
+        public var engine = DownloadOptions()
+        /// HTTP settings (timeouts, TLS).
+        public var transport = HTTPClientTransport.Options()
+
+        /// A configuration with its state in `stateDirectory`.
+        public init(stateDirectory: FilePath) { self.stateDirectory = stateDirectory }
+    }
+
+    /// Why a running download is being stopped, so its end is handled as asked.
+    enum StopIntent { case pause, requeue, cancel(deletePartial: Bool), shutdown }
+
+    /// A transfer in progress: its task, and what the engine last reported (written on the
+    /// engine's monitor task, read by the ticker).
+    struct Run {
+        let task: Task<Void, Never>
+        let box: NIOLockedValueBox<Reported>
+        let request: DownloadRequest
+    }
+
+    struct Reported {
+        var progress: DownloadProgress?
+        var notices: [String] = []
+    }
+
+    struct Key: Hashable {
+        let url: String
+        let kind: String
+        let path: String
+        init(_ url: String, _ destination: Destination) {
+            self.url = url
+            (kind, path) = DownloadRow.destinationColumns(destination)
+        }
+    }
+
+    let configuration: Configuration
+    let store: ManagerStore
+    let lockFile: PartialFile
+    let downloader: Downloader
+    let globalLimiter: RateLimiter
+
+    var queue: DownloadQueue
+    var infos: [DownloadID: DownloadInfo] = [:]
+    var keys: [Key: DownloadID] = [:]
+    var limiters: [DownloadID: RateLimiter] = [:]
+    var running: [DownloadID: Run] = [:]
+    var stopping: [DownloadID: StopIntent] = [:]
+    var observers: [Int: AsyncStream<ManagerEvent>.Continuation] = [:]
+    var nextObserver = 0
+    var maxConcurrent: Int
+    var startsAll: Bool
+    var started: Bool
+    var isShutDown = false
+    var ticker: Task<Void, Never>?
+    var totalsDirty = true
+    /// The last fraction reported, kept while the set of downloads is the same (see ``ManagerTotals/fraction``).
+    var floorFraction: Double = 0
+
+    // MARK: - Life
+
+    /// Opens (or creates) the state directory, takes its lock, and restores every download:
+    /// those that were running or waiting wait to start (and start at once with ``Configuration/autoStart``),
+    /// paused ones stay paused, finished ones keep their result.
+    /// - Throws: ``PickupError/stateInUse(_:)`` when another process drives this state directory;
+    ///   ``PickupError/fileSystem(_:_:)`` when it cannot be created or read.
+    public init(configuration: Configuration) throws(PickupError) {
+        let dir = configuration.stateDirectory
+        try FS.makeDirectories(dir)
+        let lock = try PartialFile(path: dir.appending("manager.lock"))
+        guard lock.lock() else {
+            lock.close()
+            throw .stateInUse(dir.string)
+        }
+        let store: ManagerStore
+        let rows: [DownloadRow]
+        do {
+            store = try ManagerStore(directory: dir)
+            rows = try store.all()
+        } catch {
+            lock.close()
+            throw .fileSystem("\(dir.appending("manager.sqlite")): \(error)", .ioError)
+        }
+        var engine = configuration.engine
+        if engine.stateDirectory == nil { engine.stateDirectory = dir }
+        self.configuration = configuration
+        self.store = store
+        self.lockFile = lock
+        self.downloader = Downloader(options: engine, transport: configuration.transport)
+        self.globalLimiter = RateLimiter(bytesPerSecond: configuration.speedLimit)
+        self.queue = DownloadQueue(order: configuration.order)
+        self.maxConcurrent = max(1, configuration.maxConcurrentDownloads)
+        self.startsAll = configuration.startsAllAtOnce
+        self.started = configuration.autoStart
+        for row in rows {
+            var info = row.info
+            // A download that was running when the last process ended waits to be started again.
+            if info.state == .running { info.state = .waiting }
+            if !info.state.isFinal || info.state == .failed {
+                let held = Downloader.partialProgress(of: Self.request(for: info))
+                info.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0,
+                                                 totalBytes: held?.totalBytes ?? info.progress.totalBytes, bytesPerSecond: 0)
+            }
+            infos[info.id] = info
+            keys[Key(info.url, info.destination)] = info.id
+            limiters[info.id] = RateLimiter(bytesPerSecond: info.speedLimit)
+            queue.add(info.id, state: info.state, priority: info.priority, place: row.place)
+        }
+        if configuration.autoStart {
+            Task { await self.schedule() }
+        }
+    }
+
+    /// Starts downloads, when the configuration said not to at once.
+    public func start() {
+        started = true
+        schedule()
+    }
+
+    /// Stops every transfer (each checkpoints first), saves the queue, and releases the state
+    /// directory. Downloads that were running are running again in the next manager. Observers'
+    /// event sequences end.
+    public func shutdown() async {
+        guard !isShutDown else { return }
+        isShutDown = true
+        ticker?.cancel()
+        let runs = running
+        for (id, run) in runs {
+            // A transfer already being cancelled or paused ends as asked.
+            if stopping[id] == nil { stopping[id] = .shutdown }
+            run.task.cancel()
+        }
+        for run in runs.values { await run.task.value }
+        await downloader.shutdown()
+        emitTotals()
+        for o in observers.values { o.finish() }
+        observers = [:]
+        store.close()
+        lockFile.close()
+    }
+
+    // MARK: - Adding
+
+    /// Adds a download and returns its id at once; it starts when a slot is free. Adding the same
+    /// URL for the same destination again returns the existing download (and queues it again if it
+    /// had failed, or completed but its file has since been deleted).
+    /// - Throws: ``PickupError/invalidInput(_:)`` for a URL that is not http(s) or an unusable destination.
+    @discardableResult
+    public func add(_ url: String, to destination: Destination, priority: Int = 0, checksum: ExpectedDigest? = nil,
+                    overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false) throws(PickupError) -> DownloadID
+    {
+        try add([NewDownload(url: url, to: destination, priority: priority, checksum: checksum, overwrite: overwrite,
+                             speedLimit: speedLimit, paused: paused)])[0]
+    }
+
+    /// Adds many downloads in one database transaction (the fast way to queue thousands); returns
+    /// their ids in the same order. Duplicates are handled as in ``add(_:to:priority:checksum:overwrite:speedLimit:paused:)``.
+    public func add(_ items: [NewDownload]) throws(PickupError) -> [DownloadID] {
+        try checkOpen()
+        var ids = [DownloadID?](repeating: nil, count: items.count)
+        var fresh: [(index: Int, row: DownloadRow)] = []
+        var pending: [Key: Int] = [:]
+        var place = queue.nextPlace
+        let now = Date()
+        for (i, item) in items.enumerated() {
+            let destination = Self.absolute(item.destination)
+            try Self.validate(item.url, destination)
+            let key = Key(item.url, destination)
+            if let id = keys[key] {
+                requeueIfStale(id)
+                ids[i] = id
+                continue
+            }
+            if let earlier = pending[key] {
+                ids[i] = ids[earlier]
+                continue
+            }
+            pending[key] = i
+            let info = DownloadInfo(
+                id: DownloadID(rawValue: 0), url: item.url, destination: destination,
+                state: item.paused ? .paused : .waiting, priority: item.priority,
+                progress: DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0), path: nil, failure: nil,
+                speedLimit: item.speedLimit, checksum: item.checksum, overwrite: item.overwrite, addedAt: now, finishedAt: nil)
+            fresh.append((i, DownloadRow(info: info, place: place)))
+            place += 1
+        }
+        if !fresh.isEmpty {
+            let rows: [DownloadRow]
+            do {
+                rows = try store.insert(fresh.map(\.row))
+            } catch {
+                throw .fileSystem("\(configuration.stateDirectory.appending("manager.sqlite")): \(error)", .ioError)
+            }
+            for ((index, _), row) in zip(fresh, rows) {
+                var info = row.info
+                let held = Downloader.partialProgress(of: Self.request(for: info))
+                info.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes, bytesPerSecond: 0)
+                infos[info.id] = info
+                keys[Key(info.url, info.destination)] = info.id
+                limiters[info.id] = RateLimiter(bytesPerSecond: info.speedLimit)
+                queue.add(info.id, state: info.state, priority: info.priority, place: row.place)
+                ids[index] = info.id
+                emit(.added(info))
+            }
+            setChanged(newWork: true)
+        }
+        schedule()
+        return ids.map { $0! }
+    }
+
+    /// A failed download, or a completed one whose file is gone, goes back to the queue.
+    private func requeueIfStale(_ id: DownloadID) {
+        guard let info = infos[id] else { return }
+        let gone = info.state == .completed && !Self.fileIsThere(info)
+        guard info.state == .failed || gone else { return }
+        if gone { update(id) { $0.path = nil; $0.progress = DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0) } }
+        moveTo(id, .waiting)
+        setChanged(newWork: true)
+    }
+
+    // MARK: - Control
+
+    /// Pauses a download: a waiting one will not start, a running one stops after a checkpoint.
+    /// It stays paused across restarts until ``resume(_:)``.
+    public func pause(_ id: DownloadID) throws(PickupError) {
+        try checkKnown(id)
+        guard let state = infos[id]?.state, state == .waiting || state == .running else { return }
+        if state == .running { stop(id, .pause) }
+        moveTo(id, .paused)
+        schedule()
+    }
+
+    /// Queues a paused or failed download again.
+    public func resume(_ id: DownloadID) throws(PickupError) {
+        try checkKnown(id)
+        guard let state = infos[id]?.state, state == .paused || state == .failed else { return }
+        moveTo(id, .waiting)
+        schedule()
+    }
+
+    /// Pauses every waiting and running download.
+    public func pauseAll() {
+        for (id, info) in infos where info.state == .waiting || info.state == .running {
+            if info.state == .running { stop(id, .pause) }
+            moveTo(id, .paused)
+        }
+    }
+
+    /// Queues every paused download again.
+    public func resumeAll() {
+        for (id, info) in infos.sorted(by: { $0.key < $1.key }) where info.state == .paused { moveTo(id, .waiting) }
+        schedule()
+    }
+
+    /// Cancels a download and forgets it. Its partial bytes are deleted unless `keepPartial`
+    /// (then adding the same URL and destination later resumes from them). A completed download's
+    /// file is kept: see ``remove(_:deleteFile:)``.
+    public func cancel(_ id: DownloadID, keepPartial: Bool = false) throws(PickupError) {
+        try checkKnown(id)
+        try forget(id, deletePartial: !keepPartial, deleteFile: false)
+    }
+
+    /// Forgets a download; with `deleteFile`, a completed download's file is deleted too. An
+    /// unfinished one is cancelled and its partial bytes deleted.
+    public func remove(_ id: DownloadID, deleteFile: Bool = false) throws(PickupError) {
+        try checkKnown(id)
+        try forget(id, deletePartial: true, deleteFile: deleteFile)
+    }
+
+    /// Deletes the files of every completed download and forgets those downloads; returns how many.
+    @discardableResult
+    public func deleteFinishedFiles() throws(PickupError) -> Int {
+        let done = infos.values.filter { $0.state == .completed }.map(\.id)
+        for id in done { try forget(id, deletePartial: false, deleteFile: true) }
+        return done.count
+    }
+
+    private func forget(_ id: DownloadID, deletePartial: Bool, deleteFile: Bool) throws(PickupError) {
+        try checkOpen()
+        guard let info = infos[id] else { return }
+        do {
+            try store.delete([id])
+        } catch {
+            throw .fileSystem("\(configuration.stateDirectory.appending("manager.sqlite")): \(error)", .ioError)
+        }
+        if running[id] != nil {
+            stop(id, .cancel(deletePartial: deletePartial))
+        } else if deletePartial, !info.state.isFinal || info.state == .failed {
+            Downloader.discardPartial(of: Self.request(for: info))
+        }
+        if deleteFile, info.state == .completed, let path = info.path, Self.fileIsThere(info) { FS.remove(path) }
+        infos[id] = nil
+        keys[Key(info.url, info.destination)] = nil
+        limiters[id] = nil
+        queue.remove(id)
+        emit(.removed(id))
+        setChanged(newWork: true)
+        schedule()
+    }
+
+    /// Changes a download's priority (a running download is not stopped; the order applies to
+    /// those still waiting).
+    public func setPriority(_ id: DownloadID, _ priority: Int) throws(PickupError) {
+        try checkKnown(id)
+        queue.setPriority(id, priority)
+        update(id) { $0.priority = priority }
+        persist(id)
+        emitChanged(id)
+    }
+
+    /// Makes a waiting (or paused) download the next to start.
+    public func moveToFront(_ id: DownloadID) throws(PickupError) {
+        try checkKnown(id)
+        guard let (priority, _) = queue.moveToFront(id) else { return }
+        update(id) { $0.priority = priority }
+        persist(id)
+        emitChanged(id)
+        schedule()
+    }
+
+    /// Changes how many downloads transfer at once. Lowering it sends the running downloads the
+    /// order likes least back to waiting (they resume from their checkpoint later).
+    public func setMaxConcurrentDownloads(_ limit: Int) {
+        maxConcurrent = max(1, limit)
+        if !startsAll {
+            let active = running.keys.filter { stopping[$0] == nil }
+            for id in queue.overLimit(running: active, limit: maxConcurrent) {
+                stop(id, .requeue)
+                moveTo(id, .waiting)
+            }
+        }
+        schedule()
+    }
+
+    /// Batch mode: start every waiting download at once, whatever the limit.
+    public func setStartsAllAtOnce(_ on: Bool) {
+        startsAll = on
+        setMaxConcurrentDownloads(maxConcurrent)
+    }
+
+    /// FIFO or LIFO among waiting downloads of equal priority.
+    public func setOrder(_ order: QueueOrder) {
+        queue.setOrder(order)
+    }
+
+    /// The global speed limit over all downloads, bytes per second (nil: none); takes effect at once.
+    public func setSpeedLimit(_ bytesPerSecond: Int64?) {
+        globalLimiter.bytesPerSecond = bytesPerSecond
+    }
+
+    /// One download's speed limit (nil: none); takes effect at once, and is saved with it.
+    public func setSpeedLimit(_ id: DownloadID, _ bytesPerSecond: Int64?) throws(PickupError) {
+        try checkKnown(id)
+        limiters[id]?.bytesPerSecond = bytesPerSecond
+        update(id) { $0.speedLimit = bytesPerSecond }
+        persist(id)
+        emitChanged(id)
+    }
+
+    // MARK: - Queries
+
+    /// A download by id.
+    public func download(_ id: DownloadID) -> DownloadInfo? { infos[id] }
+
+    /// The downloads of a URL (one per destination).
+    public func downloads(url: String) -> [DownloadInfo] {
+        infos.values.filter { $0.url == url }.sorted { $0.id < $1.id }
+    }
+
+    /// Every download, or those in one state; waiting ones in the order they will start, others by id.
+    public func downloads(in state: DownloadState? = nil) -> [DownloadInfo] {
+        if state == .waiting { return queue.waiting.compactMap { infos[$0] } }
+        return infos.values.filter { state == nil || $0.state == state }.sorted { $0.id < $1.id }
+    }
+
+    /// Whether a download of this URL has completed and its file is still there, whole.
+    public func isDownloaded(_ url: String) -> Bool {
+        infos.values.contains { $0.url == url && $0.state == .completed && Self.fileIsThere($0) }
+    }
+
+    /// Sums over all downloads.
+    public func totals() -> ManagerTotals { computeTotals() }
+
+    /// The global speed limit.
+    public var speedLimit: Int64? { globalLimiter.bytesPerSecond }
+
+    /// The current limit on downloads transferring at once.
+    public var maxConcurrentDownloads: Int { maxConcurrent }
+
+    /// Events: first a ``ManagerEvent/snapshot(_:_:)`` of every download, then every change as it
+    /// happens, in order, until the observer stops iterating or the manager shuts down. Any number
+    /// of observers may come and go; each sees a consistent picture (the snapshot and the changes
+    /// after it are taken in one step).
+    public func events() -> AsyncStream<ManagerEvent> {
+        let (stream, continuation) = AsyncStream<ManagerEvent>.makeStream(bufferingPolicy: .unbounded)
+        continuation.yield(.snapshot(downloads(), computeTotals()))
+        if isShutDown {
+            continuation.finish()
+            return stream
+        }
+        let key = nextObserver
+        nextObserver += 1
+        observers[key] = continuation
+        continuation.onTermination = { _ in Task { await self.removeObserver(key) } }
+        return stream
+    }
+
+    private func removeObserver(_ key: Int) { observers[key] = nil }
+
+    // MARK: - Running downloads
+
+    /// Starts what the queue says may start now.
+    func schedule() {
+        guard started, !isShutDown else { return }
+        // A download paused and resumed before its transfer ended waits for that end.
+        let busy = Set(running.keys)
+        for id in queue.startNext(active: running.count, limit: startsAll ? nil : maxConcurrent, busy: busy) {
+            launch(id)
+        }
+    }
+
+    private func launch(_ id: DownloadID) {
+        guard let info = infos[id] else { return }
+        update(id) { $0.state = .running; $0.failure = nil; $0.finishedAt = nil }
+        persist(id)
+        emitChanged(id)
+        var request = Self.request(for: info)
+        request.limiters = [globalLimiter] + (limiters[id].map { [$0] } ?? [])
+        let box = NIOLockedValueBox(Reported())
+        let downloader = self.downloader
+        let task = Task {
+            let result: Result<DownloadResult, PickupError>
+            do throws(PickupError) {
+                result = .success(try await downloader.download(request) { event in
+                    box.withLockedValue {
+                        switch event {
+                        case .progress(let p): $0.progress = p
+                        case .notice(let n): $0.notices.append(n)
+                        }
+                    }
+                })
+            } catch {
+                result = .failure(error)
+            }
+            self.finished(id, result)
+        }
+        running[id] = Run(task: task, box: box, request: request)
+        startTicker()
+    }
+
+    /// A transfer ended: record how, as its stop intent (if any) says.
+    private func finished(_ id: DownloadID, _ result: Result<DownloadResult, PickupError>) {
+        let run = running.removeValue(forKey: id)
+        let intent = stopping.removeValue(forKey: id)
+        drain(id, run?.box)
+        guard let info = infos[id] else {
+            // Cancelled or removed while running: now that nothing writes them, drop the bytes.
+            if case .cancel(deletePartial: true)? = intent, case .failure = result, let run {
+                Downloader.discardPartial(of: run.request)
+            }
+            schedule()
+            return
+        }
+        switch result {
+        case .success(let r):
+            update(id) {
+                $0.path = r.path
+                $0.progress = DownloadProgress(bytesDone: r.size, totalBytes: r.size, bytesPerSecond: 0)
+                $0.finishedAt = Date()
+                $0.failure = nil
+            }
+            // Even when it finished just as it was being paused or sent back: the file is done.
+            queue.force(id, to: .completed)
+            update(id) { $0.state = .completed }
+        case .failure(let error):
+            let held = Downloader.partialProgress(of: Self.request(for: info))
+            update(id) {
+                $0.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes ?? $0.progress.totalBytes,
+                                               bytesPerSecond: 0)
+            }
+            if intent == nil {
+                if case .interrupted = error {
+                    // Stopped from outside the manager: as good as a pause.
+                    queue.force(id, to: .paused)
+                    update(id) { $0.state = .paused }
+                } else {
+                    queue.force(id, to: .failed)
+                    update(id) { $0.state = .failed; $0.failure = DownloadFailure(error); $0.finishedAt = Date() }
+                }
+            }
+        }
+        if case .shutdown? = intent {
+            // Saved as running, so that the next manager resumes it.
+            persist(id, state: .running)
+        } else {
+            persist(id)
+            emitChanged(id)
+        }
+        setChanged()
+        schedule()
+    }
+}

@@ -1,0 +1,150 @@
+import Foundation
+import GRDB
+import SystemPackage
+
+/// One row of the `download` table: a download's identity, options and state. Byte-level
+/// progress lives in the engine's control files; `bytesDone`/`totalBytes` here are what was last
+/// seen, for display before the control file is read.
+struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable {
+    static let databaseTableName = "download"
+
+    var id: Int64?
+    var url: String
+    var destinationKind: String
+    var destinationPath: String
+    var priority: Int
+    var place: Int64
+    var state: String
+    var checksum: String?
+    var overwrite: Bool
+    var speedLimit: Int64?
+    var finalPath: String?
+    var bytesDone: Int64
+    var totalBytes: Int64?
+    var failureCategory: String?
+    var failureReason: String?
+    var addedAt: Double
+    var finishedAt: Double?
+
+    mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
+
+    static func destinationColumns(_ d: Destination) -> (String, String) {
+        switch d {
+        case .file(let p): ("file", p.string)
+        case .directory(let p): ("directory", p.string)
+        }
+    }
+
+    init(info: DownloadInfo, place: Int64) {
+        id = info.id.rawValue > 0 ? info.id.rawValue : nil
+        url = info.url
+        (destinationKind, destinationPath) = Self.destinationColumns(info.destination)
+        priority = info.priority
+        self.place = place
+        state = info.state.rawValue
+        checksum = info.checksum.map { "\($0.algorithm.rawValue)=\($0.hex)" }
+        overwrite = info.overwrite
+        speedLimit = info.speedLimit
+        finalPath = info.path?.string
+        bytesDone = info.progress.bytesDone
+        totalBytes = info.progress.totalBytes
+        failureCategory = info.failure?.category.rawValue
+        failureReason = info.failure?.reason
+        addedAt = info.addedAt.timeIntervalSince1970
+        finishedAt = info.finishedAt?.timeIntervalSince1970
+    }
+
+    var info: DownloadInfo {
+        let path = FilePath(destinationPath)
+        let failure = failureCategory.flatMap(PickupError.Category.init(rawValue:)).map {
+            DownloadFailure(category: $0, reason: failureReason ?? "")
+        }
+        return DownloadInfo(
+            id: DownloadID(rawValue: id ?? 0), url: url,
+            destination: destinationKind == "file" ? .file(path) : .directory(path),
+            state: DownloadState(rawValue: state) ?? .waiting, priority: priority,
+            progress: DownloadProgress(bytesDone: bytesDone, totalBytes: totalBytes, bytesPerSecond: 0),
+            path: finalPath.map { FilePath($0) }, failure: failure, speedLimit: speedLimit,
+            checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)), overwrite: overwrite,
+            addedAt: Date(timeIntervalSince1970: addedAt), finishedAt: finishedAt.map(Date.init(timeIntervalSince1970:)))
+    }
+}
+
+/// The manager's SQLite database (`manager.sqlite` in the state directory), through GRDB.
+///
+/// WAL mode with `synchronous=NORMAL`: every commit is atomic and survives the process being
+/// killed at any point (a power cut may lose the last commits, never corrupt the file).
+/// Migrations are named and append-only: never edit one that has shipped, add the next.
+final class ManagerStore: Sendable {
+    let db: DatabaseQueue
+
+    init(directory: FilePath) throws {
+        var config = Configuration()
+        config.label = "pickup.manager"
+        config.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA journal_mode = WAL")
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        db = try DatabaseQueue(path: directory.appending("manager.sqlite").string, configuration: config)
+        try Self.migrator.migrate(db)
+    }
+
+    static var migrator: DatabaseMigrator {
+        var m = DatabaseMigrator()
+        m.registerMigration("v1: downloads") { db in
+            try db.create(table: "download") { t in
+                t.autoIncrementedPrimaryKey("id")
+                t.column("url", .text).notNull()
+                t.column("destinationKind", .text).notNull()
+                t.column("destinationPath", .text).notNull()
+                t.column("priority", .integer).notNull().defaults(to: 0)
+                t.column("place", .integer).notNull()
+                t.column("state", .text).notNull()
+                t.column("checksum", .text)
+                t.column("overwrite", .boolean).notNull().defaults(to: false)
+                t.column("speedLimit", .integer)
+                t.column("finalPath", .text)
+                t.column("bytesDone", .integer).notNull().defaults(to: 0)
+                t.column("totalBytes", .integer)
+                t.column("failureCategory", .text)
+                t.column("failureReason", .text)
+                t.column("addedAt", .double).notNull()
+                t.column("finishedAt", .double)
+                t.uniqueKey(["url", "destinationKind", "destinationPath"])
+            }
+            try db.create(index: "download_on_url", on: "download", columns: ["url"])
+        }
+        return m
+    }
+
+    func all() throws -> [DownloadRow] {
+        try db.read { try DownloadRow.order(Column("id")).fetchAll($0) }
+    }
+
+    /// Inserts new rows in one transaction; returns them with their ids.
+    func insert(_ rows: [DownloadRow]) throws -> [DownloadRow] {
+        try db.write { db in
+            try rows.map { row in
+                var r = row
+                try r.insert(db)
+                return r
+            }
+        }
+    }
+
+    func update(_ rows: [DownloadRow]) throws {
+        try db.write { db in
+            for r in rows { try r.update(db) }
+        }
+    }
+
+    func delete(_ ids: [DownloadID]) throws {
+        _ = try db.write { db in
+            try DownloadRow.deleteAll(db, keys: ids.map(\.rawValue))
+        }
+    }
+
+    func close() {
+        try? db.close()
+    }
+}

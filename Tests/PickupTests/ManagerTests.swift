@@ -1,0 +1,341 @@
+import Foundation
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// A manager on the test server: its own state and download directories, test engine settings.
+final class ManagerFixture: @unchecked Sendable {
+    let server: TestServer
+    let dir = TempDir()
+    let state = TempDir()
+
+    init() async throws { server = try await TestServer.start() }
+
+    func configuration(limit: Int = 2, autoStart: Bool = true, order: QueueOrder = .fifo) -> DownloadManager.Configuration {
+        var c = DownloadManager.Configuration(stateDirectory: state.path)
+        c.maxConcurrentDownloads = limit
+        c.autoStart = autoStart
+        c.order = order
+        c.progressInterval = 0.02
+        c.engine = testOptions(state: state.path)
+        c.transport = testTransport()
+        return c
+    }
+
+    func manager(limit: Int = 2, autoStart: Bool = true, order: QueueOrder = .fifo) throws -> DownloadManager {
+        try DownloadManager(configuration: configuration(limit: limit, autoStart: autoStart, order: order))
+    }
+
+    /// Serves `count` files `/f/0.bin`... of `size` bytes each (seeded by index), at `rate` bytes/s.
+    func serveFiles(_ count: Int, size: Int, rate: Int? = nil) -> [[UInt8]] {
+        (0..<count).map { i in
+            let body = Resource.bytes(count: size, seed: UInt64(i + 1))
+            server.set("/f/\(i).bin", Resource(body: body, bytesPerSecond: rate))
+            return body
+        }
+    }
+
+    func close() async { await server.stop() }
+}
+
+extension DownloadManager {
+    /// Follows the events until `condition` holds for the downloads as they are (the snapshot
+    /// first, so a condition already true returns at once). Returns the view at that moment.
+    @discardableResult
+    func waitUntil(_ condition: @Sendable ([DownloadID: DownloadInfo]) -> Bool) async -> [DownloadID: DownloadInfo] {
+        var view: [DownloadID: DownloadInfo] = [:]
+        for await e in events() {
+            switch e {
+            case .snapshot(let all, _): for i in all { view[i.id] = i }
+            case .added(let i), .changed(let i): view[i.id] = i
+            case .progress(let id, let p): view[id]?.progress = p
+            case .removed(let id): view[id] = nil
+            case .totals, .notice: break
+            }
+            if condition(view) { return view }
+        }
+        return view
+    }
+
+    func waitUntilAll(_ state: DownloadState) async {
+        await waitUntil { v in !v.isEmpty && v.values.allSatisfy { $0.state == state } }
+    }
+}
+
+@Suite(.timeLimit(.minutes(1))) struct ManagerTests {
+    @Test func neverMoreThanTheLimitAtOnceAndEveryFileByteExact() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(8, size: 200_000, rate: 2_000_000)
+        let m = try f.manager(limit: 3)
+        var ids: [DownloadID] = []
+        for i in bodies.indices { ids.append(try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path))) }
+        await m.waitUntilAll(.completed)
+        #expect(f.server.peakConcurrentTransfers <= 3)
+        #expect(f.server.peakConcurrentTransfers >= 1)
+        for (i, body) in bodies.enumerated() { #expect(f.dir.read("\(i).bin") == body) }
+        let totals = await m.totals()
+        #expect(totals.count(.completed) == 8)
+        #expect(totals.bytesDone == 8 * 200_000)
+        #expect(totals.fraction == 1)
+        let info = await m.download(ids[2])
+        #expect(info?.path == f.dir.file("2.bin"))
+        #expect(await m.isDownloaded(f.server.url("/f/2.bin")))
+        await m.shutdown()
+        await f.close()
+    }
+
+    @Test(arguments: [QueueOrder.fifo, .lifo])
+    func priorityThenOrderDecideWhatStartsFirst(order: QueueOrder) async throws {
+        let f = try await ManagerFixture()
+        _ = f.serveFiles(4, size: 10_000)
+        let m = try f.manager(limit: 1, autoStart: false, order: order)
+        for (i, p) in [0, 0, 5, 0].enumerated() {
+            try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path), priority: p)
+        }
+        let fourth = try #require(await m.downloads(url: f.server.url("/f/3.bin")).first?.id)
+        try await m.moveToFront(fourth)
+        let (events, done) = AsyncStream<String>.makeStream()
+        let watcher = Task {
+            for await e in await m.events() {
+                if case .changed(let info) = e, info.state == .completed {
+                    done.yield(info.path?.lastComponent?.string ?? "")
+                }
+            }
+        }
+        await m.start()
+        var finished: [String] = []
+        for await name in events {
+            finished.append(name)
+            if finished.count == 4 { break }
+        }
+        let expected = order == .fifo ? ["3.bin", "2.bin", "0.bin", "1.bin"] : ["3.bin", "2.bin", "1.bin", "0.bin"]
+        #expect(finished == expected)
+        watcher.cancel()
+        await m.shutdown()
+        await f.close()
+    }
+
+    @Test func pauseAndResumeWhileRunningFetchNothingTwice() async throws {
+        let f = try await ManagerFixture()
+        let body = f.serveFiles(1, size: 1_500_000, rate: 3_000_000)[0]
+        let m = try f.manager()
+        let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 300_000 }
+        try await m.pause(id)
+        #expect(await m.download(id)?.state == .paused)
+        await m.waitUntil { $0[id]?.state == .paused }
+        #expect(await m.downloads(in: .paused).map(\.id) == [id])
+        try await m.resume(id)
+        await m.waitUntilAll(.completed)
+        #expect(f.dir.read("0.bin") == body)
+        let requests = f.server.requests("/f/0.bin")
+        try #require(requests.count == 2)
+        #expect(requests[1].headers["if-range"] == "\"v1\"")
+        // The pause checkpointed everything written, so the resumed request starts at or after
+        // the progress seen before pausing.
+        let resumedAt = Int(requests[1].headers["range"]!.dropFirst(6).split(separator: "-")[0])!
+        #expect(resumedAt > 300_000)
+        #expect(f.server.bytesSent("/f/0.bin") < body.count + 200_000)
+        await m.shutdown()
+        await f.close()
+    }
+
+    @Test func cancelWhileRunningDeletesThePartialOrKeepsItWhenAsked() async throws {
+        for keep in [false, true] {
+            let f = try await ManagerFixture()
+            _ = f.serveFiles(1, size: 1_500_000, rate: 3_000_000)
+            let m = try f.manager()
+            let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+            await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 200_000 }
+            try await m.cancel(id, keepPartial: keep)
+            #expect(await m.download(id) == nil)
+            await m.shutdown()  // waits for the transfer to end
+            #expect(f.dir.entries.contains { $0.hasSuffix(".pickup-part") } == keep)
+            #expect(!f.dir.entries.contains("0.bin"))
+            // A new manager does not bring it back.
+            let again = try f.manager()
+            #expect(await again.downloads().isEmpty)
+            await again.shutdown()
+            await f.close()
+        }
+    }
+
+    @Test func restartingTheManagerMidDownloadResumesItAndPausedOnesStayPaused() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(2, size: 1_500_000, rate: 3_000_000)
+        let first = try f.manager()
+        let running = try await first.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        let paused = try await first.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path), paused: true)
+        await first.waitUntil { ($0[running]?.progress.bytesDone ?? 0) > 400_000 }
+        // A second manager on the same state directory is refused while the first one lives.
+        #expect(throws: PickupError.self) { try f.manager() }
+        await first.shutdown()
+
+        let second = try f.manager()
+        let restored = await second.download(paused)
+        #expect(restored?.state == .paused)
+        let resumed = await second.download(running)
+        #expect((resumed?.progress.bytesDone ?? 0) > 0)  // progress comes back from the control file
+        await second.waitUntil { $0[running]?.state == .completed }
+        #expect(f.dir.read("0.bin") == bodies[0])
+        #expect(f.server.requests("/f/1.bin").isEmpty)  // the paused one did not auto-resume
+        #expect(f.server.requests("/f/0.bin").count == 2)
+        #expect(f.server.bytesSent("/f/0.bin") < bodies[0].count + 200_000)
+        await second.shutdown()
+        await f.close()
+    }
+
+    @Test func sameURLAndDestinationIsOneDownload() async throws {
+        let f = try await ManagerFixture()
+        let body = f.serveFiles(1, size: 50_000)[0]
+        let m = try f.manager()
+        let a = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        let b = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        #expect(a == b)
+        let other = try await m.add(f.server.url("/f/0.bin"), to: .file(f.dir.file("copy.bin")))
+        #expect(other != a)
+        await m.waitUntilAll(.completed)
+        #expect(f.dir.read("copy.bin") == body)
+        // The user deletes the file: it is no longer downloaded, and adding it again fetches it again.
+        try FileManager.default.removeItem(atPath: f.dir.file("0.bin").string)
+        #expect(await m.isDownloaded(f.server.url("/f/0.bin")))  // the copy is still there
+        try FileManager.default.removeItem(atPath: f.dir.file("copy.bin").string)
+        #expect(!(await m.isDownloaded(f.server.url("/f/0.bin"))))
+        #expect(try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path)) == a)
+        await m.waitUntilAll(.completed)
+        #expect(f.dir.read("0.bin") == body)
+        await m.shutdown()
+        await f.close()
+    }
+
+    @Test func failuresKeepTheirErrorAcrossRestartsAndCanBeRetried() async throws {
+        let f = try await ManagerFixture()
+        let m = try f.manager()
+        let id = try await m.add(f.server.url("/missing.bin"), to: .directory(f.dir.path))
+        let view = await m.waitUntil { $0[id]?.state == .failed }
+        #expect(view[id]?.failure?.category == .server)
+        #expect(view[id]?.failure?.reason.contains("404") == true)
+        await m.shutdown()
+
+        let body = Resource.bytes(count: 30_000)
+        f.server.set("/missing.bin", Resource(body: body))
+        let again = try f.manager()
+        #expect(await again.download(id)?.failure?.category == .server)
+        try await again.resume(id)
+        await again.waitUntil { $0[id]?.state == .completed }
+        #expect(f.dir.read("missing.bin") == body)
+        await again.shutdown()
+        await f.close()
+    }
+
+    @Test func badInputIsRefusedWithAClearError() async throws {
+        let f = try await ManagerFixture()
+        let m = try f.manager()
+        let error = await #expect(throws: PickupError.self) { try await m.add("ftp://x/y", to: .directory(f.dir.path)) }
+        #expect(error?.description == "not an http or https URL: ftp://x/y")
+        #expect(error?.category == .usage)
+        await #expect(throws: PickupError.self) { try await m.pause(DownloadID(rawValue: 42)) }
+        await m.shutdown()
+        await #expect(throws: PickupError.self) { try await m.add(f.server.url("/a"), to: .directory(f.dir.path)) }
+        await f.close()
+    }
+
+    @Test func loweringTheLimitWhileRunningSendsDownloadsBackToWaiting() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(4, size: 600_000, rate: 2_000_000)
+        let m = try f.manager(limit: 4)
+        for i in bodies.indices { try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path)) }
+        await m.waitUntil { v in v.values.filter { $0.state == .running }.count == 4 }
+        await m.setMaxConcurrentDownloads(1)
+        let view = await m.waitUntil { v in v.values.filter { $0.state == .waiting }.count == 3 }
+        #expect(view.values.filter { $0.state == .running }.count == 1)
+        await m.setMaxConcurrentDownloads(4)
+        await m.waitUntilAll(.completed)
+        for (i, body) in bodies.enumerated() { #expect(f.dir.read("\(i).bin") == body) }
+        await m.shutdown()
+        await f.close()
+    }
+
+    @Test func observersSeeASnapshotThenChangesAndCanComeAndGo() async throws {
+        let f = try await ManagerFixture()
+        _ = f.serveFiles(3, size: 100_000)
+        let m = try f.manager(autoStart: false)
+        try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        // An observer that leaves early does not disturb the others.
+        let early = Task { for await _ in await m.events() { break } }
+        await early.value
+        let stream = await m.events()
+        try await m.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path))
+        await m.start()
+        var iterator = stream.makeAsyncIterator()
+        guard case .snapshot(let all, let totals)? = await iterator.next() else {
+            Issue.record("the first event is not a snapshot")
+            return
+        }
+        #expect(all.count == 1)
+        #expect(totals.count(.waiting) == 1)
+        guard case .added(let added)? = await iterator.next() else {
+            Issue.record("the second event is not the addition")
+            return
+        }
+        #expect(added.url == f.server.url("/f/1.bin"))
+        await m.waitUntilAll(.completed)
+        await m.shutdown()
+        // The sequence ends with the manager.
+        var rest = 0
+        while await iterator.next() != nil { rest += 1 }
+        #expect(rest > 0)
+        await f.close()
+    }
+
+    @Test func progressFractionNeverGoesBackwards() async throws {
+        let f = try await ManagerFixture()
+        _ = f.serveFiles(5, size: 300_000, rate: 3_000_000)
+        let m = try f.manager(limit: 2, autoStart: false)
+        for i in 0..<5 { try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path)) }
+        let watcher = Task { () -> [Double] in
+            var fractions: [Double] = []
+            for await e in await m.events() {
+                if case .totals(let t) = e, let fr = t.fraction { fractions.append(fr) }
+                if case .totals(let t) = e, t.count(.completed) == 5 { break }
+            }
+            return fractions
+        }
+        await m.start()
+        let fractions = await watcher.value
+        #expect(fractions.count > 2)
+        #expect(zip(fractions, fractions.dropFirst()).allSatisfy { $0 <= $1 })
+        #expect(fractions.last == 1)
+        await m.shutdown()
+        await f.close()
+    }
+
+    @Test func speedLimitsPaceTheTransferAndKeepItByteExact() async throws {
+        let f = try await ManagerFixture()
+        let body = f.serveFiles(1, size: 400_000)[0]
+        var config = f.configuration()
+        config.speedLimit = 1_000_000
+        let m = try DownloadManager(configuration: config)
+        let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path), speedLimit: 2_000_000)
+        #expect(await m.download(id)?.speedLimit == 2_000_000)
+        await m.waitUntilAll(.completed)
+        #expect(f.dir.read("0.bin") == body)
+        await m.setSpeedLimit(nil)
+        #expect(await m.speedLimit == nil)
+        await m.shutdown()
+        await f.close()
+    }
+
+    @Test func tokenBucketAsksForPausesOnlyWhenOverTheRate() {
+        let limiter = RateLimiter(bytesPerSecond: nil)
+        #expect(limiter.take(10_000_000) == 0)
+        limiter.bytesPerSecond = 1_000_000
+        // The bucket holds at most a tenth of a second: two seconds' worth must wait about two seconds.
+        let pause = limiter.take(2_000_000)
+        #expect(pause > 1.5 && pause <= 2.0)
+        limiter.bytesPerSecond = nil
+        #expect(limiter.take(2_000_000) == 0)
+    }
+}
