@@ -12,8 +12,17 @@ struct Get: AsyncParsableCommand {
             Interrupt it any way you like and run the same command again to continue.
             """)
 
-    @Argument(help: "The http or https URL to download.")
-    var url: String
+    @Argument(help: "The http or https URL to download (or use -i).")
+    var url: String?
+
+    @Option(name: [.short, .customLong("input-file")], help: ArgumentHelp(
+        "Download every URL listed in this file: one a line, # comments, an optional out=NAME after a URL. "
+            + "Run the same command again to resume the batch; finished files are not fetched again.",
+        valueName: "file"))
+    var inputFile: String?
+
+    @Option(name: [.short, .customLong("jobs")], help: ArgumentHelp("With -i: downloads at once, 1 to 64.", valueName: "n"))
+    var jobs: Int = 3
 
     @Option(name: [.short, .customLong("output")], help: ArgumentHelp("Write exactly to this path.", valueName: "path"))
     var output: String?
@@ -54,31 +63,33 @@ struct Get: AsyncParsableCommand {
 
     func validate() throws {
         if output != nil && dir != nil { throw ValidationError("use either -o or -d, not both") }
+        if (url == nil) == (inputFile == nil) { throw ValidationError("give either a URL or -i FILE") }
+        if !(1...64).contains(jobs) { throw ValidationError("--jobs must be between 1 and 64") }
+        if inputFile != nil {
+            if output != nil { throw ValidationError("-o names one file; with -i use -d and out=NAME in the list") }
+            if checksum != nil { throw ValidationError("--checksum is for one file, not for -i") }
+            if restart { throw ValidationError("--restart is for one file, not for -i") }
+        }
         if let checksum, ExpectedDigest(checksumArgument: checksum) == nil {
             throw ValidationError("--checksum must be ALGO=HEX with ALGO one of sha-256, sha-512, sha-1, md5 and HEX of the right length")
         }
         if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
         if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
         if retries < 0 { throw ValidationError("--retries must not be negative") }
+        guard let url else { return }
         guard let u = URL(string: url), let scheme = u.scheme?.lowercased(), ["http", "https"].contains(scheme),
             u.host?.isEmpty == false
         else { throw ValidationError("not an http or https URL: \(url)") }
     }
 
     func run() async throws {
+        guard let url else { return try await Batch(get: self, inputFile: inputFile ?? "").run() }
         let destination: Destination =
             output.map { .file(FilePath($0)) } ?? .directory(FilePath(dir ?? "."))
         let request = DownloadRequest(
             url: url, destination: destination, checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)),
             overwrite: overwrite, restart: restart)
-        var options = DownloadOptions()
-        options.allowInsecureRedirects = insecure
-        options.retry.maxAttemptsWithoutProgress = retries
-        options.connections = connections
-        options.preallocate = preallocate
-        var transport = HTTPClientTransport.Options()
-        transport.insecure = insecure
-        transport.stallTimeout = stallTimeout
+        let (options, transport) = engineSettings()
         let downloader = Downloader(options: options, transport: transport)
         let display = ProgressDisplay(quiet: quiet)
         let signals = SignalTrap()
@@ -103,8 +114,23 @@ struct Get: AsyncParsableCommand {
         }
     }
 
-    static func code(for error: PickupError) -> Int32 {
-        switch error.category {
+    /// Engine and HTTP settings from the options.
+    func engineSettings() -> (DownloadOptions, HTTPClientTransport.Options) {
+        var options = DownloadOptions()
+        options.allowInsecureRedirects = insecure
+        options.retry.maxAttemptsWithoutProgress = retries
+        options.connections = connections
+        options.preallocate = preallocate
+        var transport = HTTPClientTransport.Options()
+        transport.insecure = insecure
+        transport.stallTimeout = stallTimeout
+        return (options, transport)
+    }
+
+    static func code(for error: PickupError) -> Int32 { code(for: error.category) }
+
+    static func code(for category: PickupError.Category) -> Int32 {
+        switch category {
         case .usage: Exit.usage
         case .network: Exit.network
         case .server: Exit.server

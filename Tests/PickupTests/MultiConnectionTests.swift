@@ -27,7 +27,7 @@ import TestServer
         let f = try await Fixture(connections: 4)
         f.server.set("/s.bin", {
             var r = Resource(body: body, bytesPerSecond: 16 * 1024 * 1024)
-            r.firstRangeBytesPerSecond = 1024 * 1024
+            r.firstRangeBytesPerSecond = 256 * 1024
             return r
         }())
         _ = try await f.get("/s.bin")

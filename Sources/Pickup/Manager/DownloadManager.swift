@@ -535,7 +535,7 @@ public actor DownloadManager {
                 }
             }
         }
-        if case .shutdown? = intent {
+        if case .shutdown? = intent, case .failure = result {
             // Saved as running, so that the next manager resumes it.
             persist(id, state: .running)
         } else {

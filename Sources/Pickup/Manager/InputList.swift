@@ -1,0 +1,70 @@
+/// A list of URLs to download, in the format of `pickup get -i FILE` (close to aria2's input files):
+///
+/// ```
+/// # comments and blank lines are ignored
+/// https://example.com/a.iso
+/// https://example.com/b.iso out=renamed.iso
+/// https://example.com/c.iso
+///   out=from-the-next-line.iso
+/// ```
+///
+/// `out=NAME` names the file in the download directory; it may not leave that directory.
+public struct InputList: Sendable, Equatable {
+    /// One URL and its optional file name.
+    public struct Entry: Sendable, Equatable {
+        public var url: String
+        public var name: String?
+        /// The line the URL is on (from 1), for messages.
+        public var line: Int
+    }
+
+    /// The entries in file order, each URL once (a repeated URL keeps its first line).
+    public var entries: [Entry]
+
+    /// Parses the text of an input file.
+    /// - Throws: ``PickupError/invalidInput(_:)`` naming the line of the first problem.
+    public init(parsing text: String) throws(PickupError) {
+        entries = []
+        var seen = Set<String>()
+        for (index, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let n = index + 1
+            let indented = raw.first == " " || raw.first == "\t"
+            let line = raw.trimming(" \t\r")
+            if line.isEmpty || line.hasPrefix("#") { continue }
+            let words = line.split(whereSeparator: { $0 == " " || $0 == "\t" }).map(String.init)
+            if indented {
+                // aria2's option lines belong to the URL above.
+                guard !entries.isEmpty else { throw .invalidInput("input line \(n): an option line before any URL") }
+                for w in words { try Self.apply(w, to: &entries[entries.count - 1], line: n) }
+                continue
+            }
+            var entry = Entry(url: words[0], name: nil, line: n)
+            let lower = entry.url.lowercased()
+            guard lower.hasPrefix("http://") || lower.hasPrefix("https://"), entry.url.count > 8 else {
+                throw .invalidInput("input line \(n): not an http or https URL: \(entry.url)")
+            }
+            for w in words.dropFirst() { try Self.apply(w, to: &entry, line: n) }
+            if seen.insert(entry.url + "\n" + (entry.name ?? "")).inserted { entries.append(entry) }
+        }
+    }
+
+    static func apply(_ word: String, to entry: inout Entry, line: Int) throws(PickupError) {
+        guard word.hasPrefix("out=") else {
+            throw .invalidInput("input line \(line): unknown option \(word) (only out=NAME is understood)")
+        }
+        let name = String(word.dropFirst(4))
+        guard SafeFileName.sanitize(name) == name, !name.contains("/"), name != ".", name != ".." else {
+            throw .invalidInput("input line \(line): out=\(name) is not a plain file name")
+        }
+        entry.name = name
+    }
+}
+
+extension StringProtocol {
+    func trimming(_ set: String) -> String {
+        var s = Substring(self)
+        while let c = s.first, set.contains(c) { s.removeFirst() }
+        while let c = s.last, set.contains(c) { s.removeLast() }
+        return String(s)
+    }
+}

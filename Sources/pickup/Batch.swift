@@ -1,0 +1,197 @@
+import ArgumentParser
+import Foundation
+import Pickup
+import SystemPackage
+
+/// `pickup get -i FILE`: every URL of a list through a ``DownloadManager`` whose state lives in
+/// the user's state directory, one per (list, output directory). Rerunning the same command
+/// resumes the batch: finished files are not fetched again, partial ones continue.
+struct Batch {
+    let get: Get
+    let inputFile: String
+
+    func run() async throws {
+        let display = BatchDisplay(quiet: get.quiet)
+        func fail(_ message: String, _ code: Int32) -> ExitCode {
+            display.line("pickup: \(message)")
+            return ExitCode(code)
+        }
+        guard let text = try? String(contentsOfFile: inputFile, encoding: .utf8) else {
+            throw fail("cannot read the input file \(inputFile)", Exit.usage)
+        }
+        let list: InputList
+        do {
+            list = try InputList(parsing: text)
+        } catch {
+            throw fail("\(inputFile): \(error)", Exit.usage)
+        }
+        if list.entries.isEmpty { throw fail("\(inputFile) lists no URL", Exit.usage) }
+
+        let cwd = FilePath(FileManager.default.currentDirectoryPath)
+        let outDir = cwd.pushing(FilePath(get.dir ?? ".")).lexicallyNormalized()
+        let listPath = cwd.pushing(FilePath(inputFile)).lexicallyNormalized()
+        var config = DownloadManager.Configuration(
+            stateDirectory: StateDirectory.default.appending("batches").appending(Self.key(listPath.string + "\n" + outDir.string)))
+        (config.engine, config.transport) = get.engineSettings()
+        config.engine.stateDirectory = StateDirectory.default  // completion records shared with single downloads
+        config.maxConcurrentDownloads = get.jobs
+        config.autoStart = false
+        let manager: DownloadManager
+        let ids: [DownloadID]
+        do {
+            manager = try DownloadManager(configuration: config)
+            ids = try await manager.add(list.entries.map { e in
+                NewDownload(url: e.url, to: e.name.map { .file(outDir.appending($0)) } ?? .directory(outDir),
+                            overwrite: get.overwrite)
+            })
+        } catch {
+            throw fail("\(error)", Get.code(for: error))
+        }
+        let wanted = Set(ids)
+        // What the list no longer names is forgotten (its partial bytes stay); what was paused goes on.
+        for info in await manager.downloads() {
+            if !wanted.contains(info.id) { try? await manager.cancel(info.id, keepPartial: true) }
+            if info.state == .paused { try? await manager.resume(info.id) }
+        }
+
+        let signals = SignalTrap()
+        signals.onSignal { _ in Task { await manager.shutdown() } }
+        let started = Date()
+        let events = await manager.events()
+        await manager.start()
+        var view: [DownloadID: DownloadInfo] = [:]
+        var alreadyThere = 0
+        var downloaded: [DownloadInfo] = []
+        loop: for await event in events {
+            switch event {
+            case .snapshot(let all, _):
+                for info in all { view[info.id] = info }
+                alreadyThere = all.filter { $0.state == .completed }.count
+            case .added(let info):
+                view[info.id] = info
+            case .changed(let info):
+                let before = view[info.id]?.state
+                view[info.id] = info
+                if before != info.state {
+                    if info.state == .completed {
+                        downloaded.append(info)
+                        display.completed(info)
+                    }
+                    if info.state == .failed { display.failed(info) }
+                }
+            case .progress(let id, let p):
+                view[id]?.progress = p
+            case .totals(let totals):
+                display.draw(totals: totals, running: view.values.filter { $0.state == .running }.sorted { $0.id < $1.id },
+                             of: ids.count)
+            case .notice(let id, let text):
+                if let info = view[id] { display.notice(info, text) }
+            case .removed(let id):
+                view[id] = nil
+            }
+            if ids.allSatisfy({ view[$0]?.state.isFinal == true }) { break loop }
+        }
+        await manager.shutdown()
+        display.clear()
+        if let sig = signals.received {
+            display.line("pickup: interrupted; the batch is kept. Run the same command again to resume it.")
+            throw ExitCode(sig == SIGTERM ? Exit.terminated : Exit.interrupted)
+        }
+        let failures = ids.compactMap { view[$0] }.filter { $0.state == .failed }
+        display.summary(downloaded: downloaded, alreadyThere: alreadyThere, failures: failures,
+                        elapsed: Date().timeIntervalSince(started))
+        guard failures.isEmpty else {
+            // One kind of failure gives its own exit code; several kinds give 1.
+            let kinds = Set(failures.compactMap { $0.failure?.category })
+            throw ExitCode(kinds.count == 1 ? Get.code(for: kinds.first!) : Exit.failure)
+        }
+    }
+
+    /// A short stable name for a (list, directory) pair: FNV-1a, 64 bits, in hex.
+    static func key(_ s: String) -> String {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in s.utf8 {
+            h ^= UInt64(b)
+            h = h &* 0x100_0000_01b3
+        }
+        return String(h, radix: 16)
+    }
+}
+
+/// Progress of a batch on standard error: on a terminal, an overall line and one line per running
+/// download, redrawn in place; on a pipe, a line per finished file and an overall line every few seconds.
+final class BatchDisplay: @unchecked Sendable {
+    private let quiet: Bool
+    private let tty: Bool
+    private var drawnLines = 0
+    private var lastPlain = Date.distantPast
+
+    init(quiet: Bool) {
+        self.quiet = quiet
+        tty = isatty(STDERR_FILENO) != 0
+    }
+
+    func draw(totals t: ManagerTotals, running: [DownloadInfo], of count: Int) {
+        guard !quiet else { return }
+        var overall = "\(t.count(.completed))/\(count) done  " + ByteCount.format(t.bytesDone)
+        if t.totalBytes > 0 { overall += " / " + ByteCount.format(t.totalBytes) }
+        if let f = t.fraction { overall += String(format: "  %5.1f%%", f * 100) }
+        overall += "  " + ByteCount.format(Int64(t.bytesPerSecond)) + "/s"
+        if let left = t.secondsLeft { overall += "  " + ProgressDisplay.duration(left) + " left" }
+        if t.count(.failed) > 0 { overall += "  \(t.count(.failed)) failed" }
+        if tty {
+            let lines = [overall] + running.prefix(16).map { "  " + Self.name($0) + "  " + ProgressDisplay.describe($0.progress) }
+            clear()
+            write(lines.joined(separator: "\n"))
+            drawnLines = lines.count
+        } else if Date().timeIntervalSince(lastPlain) >= 5 {
+            lastPlain = Date()
+            write(overall + "\n")
+        }
+    }
+
+    func completed(_ info: DownloadInfo) {
+        guard !quiet else { return }
+        line("saved \(info.path?.string ?? info.url) (\(ByteCount.format(info.progress.bytesDone)))")
+    }
+
+    func failed(_ info: DownloadInfo) {
+        line("pickup: \(info.url): \(info.failure?.reason ?? "failed")")
+    }
+
+    func notice(_ info: DownloadInfo, _ text: String) {
+        guard !quiet else { return }
+        line("pickup: \(Self.name(info)): \(text)")
+    }
+
+    func summary(downloaded: [DownloadInfo], alreadyThere: Int, failures: [DownloadInfo], elapsed: Double) {
+        let bytes = downloaded.reduce(Int64(0)) { $0 + $1.progress.bytesDone }
+        if !quiet || !failures.isEmpty {
+            var text = "\(downloaded.count) downloaded (\(ByteCount.format(bytes))) in \(String(format: "%.1f", elapsed)) s"
+            if alreadyThere > 0 { text += ", \(alreadyThere) already there" }
+            if !failures.isEmpty { text += ", \(failures.count) failed:" }
+            line(text)
+        }
+        for f in failures { line("  \(f.url): \(f.failure?.reason ?? "failed")") }
+    }
+
+    static func name(_ info: DownloadInfo) -> String {
+        if case .file(let p) = info.destination { return p.lastComponent?.string ?? info.url }
+        return info.url.split(separator: "/").last.map(String.init) ?? info.url
+    }
+
+    func line(_ text: String) {
+        clear()
+        write(text + "\n")
+    }
+
+    func clear() {
+        guard drawnLines > 0 else { return }
+        write("\r" + String(repeating: "\u{1B}[1A", count: drawnLines - 1) + "\u{1B}[J")
+        drawnLines = 0
+    }
+
+    private func write(_ s: String) {
+        FileHandle.standardError.write(Data(s.utf8))
+    }
+}
