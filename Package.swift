@@ -45,6 +45,11 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .executableTarget(
+            name: "pickup-queue-bench",
+            dependencies: ["Pickup"],
+            path: "Benchmarks/QueueBench"
+        ),
         .target(
             name: "TestServer",
             dependencies: [

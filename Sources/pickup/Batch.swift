@@ -35,6 +35,7 @@ struct Batch {
         (config.engine, config.transport) = get.engineSettings()
         config.engine.stateDirectory = StateDirectory.default  // completion records shared with single downloads
         config.maxConcurrentDownloads = get.jobs
+        config.speedLimit = get.limitRate.flatMap(Get.rate)
         config.autoStart = false
         let manager: DownloadManager
         let ids: [DownloadID]
@@ -60,18 +61,25 @@ struct Batch {
         let events = await manager.events()
         await manager.start()
         var view: [DownloadID: DownloadInfo] = [:]
+        var running: [DownloadID: DownloadInfo] = [:]
+        var unfinished = wanted
         var alreadyThere = 0
         var downloaded: [DownloadInfo] = []
         loop: for await event in events {
             switch event {
             case .snapshot(let all, _):
-                for info in all { view[info.id] = info }
+                for info in all {
+                    view[info.id] = info
+                    if info.state.isFinal { unfinished.remove(info.id) }
+                }
                 alreadyThere = all.filter { $0.state == .completed }.count
             case .added(let info):
                 view[info.id] = info
             case .changed(let info):
                 let before = view[info.id]?.state
                 view[info.id] = info
+                if info.state == .running { running[info.id] = info } else { running[info.id] = nil }
+                if info.state.isFinal { unfinished.remove(info.id) } else if wanted.contains(info.id) { unfinished.insert(info.id) }
                 if before != info.state {
                     if info.state == .completed {
                         downloaded.append(info)
@@ -81,15 +89,15 @@ struct Batch {
                 }
             case .progress(let id, let p):
                 view[id]?.progress = p
+                running[id]?.progress = p
             case .totals(let totals):
-                display.draw(totals: totals, running: view.values.filter { $0.state == .running }.sorted { $0.id < $1.id },
-                             of: ids.count)
+                display.draw(totals: totals, running: running.values.sorted { $0.id < $1.id }, of: ids.count)
             case .notice(let id, let text):
                 if let info = view[id] { display.notice(info, text) }
             case .removed(let id):
                 view[id] = nil
             }
-            if ids.allSatisfy({ view[$0]?.state.isFinal == true }) { break loop }
+            if unfinished.isEmpty { break loop }
         }
         await manager.shutdown()
         display.clear()

@@ -40,6 +40,11 @@ struct Get: AsyncParsableCommand {
         valueName: "n"))
     var connections: Int = 8
 
+    @Option(help: ArgumentHelp(
+        "Speed limit in bytes per second, with an optional K, M or G (1024-based), e.g. 500K. With -i, over the whole batch.",
+        valueName: "rate"))
+    var limitRate: String?
+
     @Flag(help: "Reserve the whole file on disk when its length is known, so a full disk shows at the start.")
     var preallocate = false
 
@@ -76,6 +81,9 @@ struct Get: AsyncParsableCommand {
         if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
         if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
         if retries < 0 { throw ValidationError("--retries must not be negative") }
+        if let limitRate, Self.rate(limitRate) == nil {
+            throw ValidationError("--limit-rate must be a positive number of bytes per second, optionally with K, M or G")
+        }
         guard let url else { return }
         guard let u = URL(string: url), let scheme = u.scheme?.lowercased(), ["http", "https"].contains(scheme),
             u.host?.isEmpty == false
@@ -88,7 +96,8 @@ struct Get: AsyncParsableCommand {
             output.map { .file(FilePath($0)) } ?? .directory(FilePath(dir ?? "."))
         let request = DownloadRequest(
             url: url, destination: destination, checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)),
-            overwrite: overwrite, restart: restart)
+            overwrite: overwrite, restart: restart,
+            limiters: limitRate.flatMap(Self.rate).map { [RateLimiter(bytesPerSecond: $0)] } ?? [])
         let (options, transport) = engineSettings()
         let downloader = Downloader(options: options, transport: transport)
         let display = ProgressDisplay(quiet: quiet)
@@ -125,6 +134,19 @@ struct Get: AsyncParsableCommand {
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout
         return (options, transport)
+    }
+
+    /// `500K`, `2M`, `1G` or plain bytes, per second.
+    static func rate(_ text: String) -> Int64? {
+        let units: [Character: Double] = ["k": 1024, "m": 1024 * 1024, "g": 1024 * 1024 * 1024]
+        var number = Substring(text)
+        var scale = 1.0
+        if let last = number.last?.lowercased().first, let u = units[last] {
+            scale = u
+            number = number.dropLast()
+        }
+        guard let n = Double(number), n > 0, n * scale < 1e15 else { return nil }
+        return Int64(max(1, n * scale))
     }
 
     static func code(for error: PickupError) -> Int32 { code(for: error.category) }

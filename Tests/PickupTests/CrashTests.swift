@@ -118,6 +118,8 @@ enum CLI {
         #expect(try CLI.run(["get", "ftp://example.com/x", "-d", dir.path.string], state: state.path) == 2)
         #expect(try CLI.run(["get", server.url("/x"), "-o", "a", "-d", "b"], state: state.path) == 2)
         #expect(try CLI.run(["get", server.url("/x"), "--checksum", "sha-256=zz"], state: state.path) == 2)
+        #expect(try CLI.run(["get", server.url("/x"), "--limit-rate", "fast"], state: state.path) == 2)
+        #expect(try CLI.run(["get", server.url("/x"), "-i", "list.txt"], state: state.path) == 2)
         #expect(try CLI.run(["get", server.url("/missing"), "-d", dir.path.string, "-q"], state: state.path) == 4)
         server.set("/a", Resource(body: [1, 2, 3]))
         let wrong = "md5=" + String(repeating: "0", count: 32)

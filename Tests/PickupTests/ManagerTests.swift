@@ -217,6 +217,32 @@ extension DownloadManager {
         await f.close()
     }
 
+    @Test func pauseAllResumeAllRemoveAndDeleteFinishedFiles() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(3, size: 40_000)
+        let m = try f.manager(limit: 1, autoStart: false)
+        var ids: [DownloadID] = []
+        for i in bodies.indices { ids.append(try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path))) }
+        await m.pauseAll()
+        #expect(await m.downloads(in: .paused).count == 3)
+        await m.start()
+        #expect(await m.downloads(in: .running).isEmpty)
+        try await m.setPriority(ids[2], 9)
+        #expect(await m.download(ids[2])?.priority == 9)
+        await m.resumeAll()
+        await m.waitUntilAll(.completed)
+        #expect(f.server.requests("/f/2.bin").count == 1)
+        try await m.remove(ids[0], deleteFile: false)
+        #expect(f.dir.read("0.bin") == bodies[0])
+        try await m.remove(ids[1], deleteFile: true)
+        #expect(f.dir.read("1.bin") == nil)
+        #expect(try await m.deleteFinishedFiles() == 1)
+        #expect(f.dir.read("2.bin") == nil)
+        #expect(await m.downloads().isEmpty)
+        await m.shutdown()
+        await f.close()
+    }
+
     @Test func failuresKeepTheirErrorAcrossRestartsAndCanBeRetried() async throws {
         let f = try await ManagerFixture()
         let m = try f.manager()

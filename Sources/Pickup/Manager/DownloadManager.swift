@@ -467,8 +467,8 @@ public actor DownloadManager {
 
     private func launch(_ id: DownloadID) {
         guard let info = infos[id] else { return }
+        // Not saved: "waiting" and "running" rows both mean "should run", and restore the same way.
         update(id) { $0.state = .running; $0.failure = nil; $0.finishedAt = nil }
-        persist(id)
         emitChanged(id)
         var request = Self.request(for: info)
         request.limiters = [globalLimiter] + (limiters[id].map { [$0] } ?? [])

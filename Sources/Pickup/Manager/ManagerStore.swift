@@ -132,9 +132,20 @@ final class ManagerStore: Sendable {
         }
     }
 
+    /// Saves rows (one statement, prepared once per connection: this runs for every state change).
     func update(_ rows: [DownloadRow]) throws {
         try db.write { db in
-            for r in rows { try r.update(db) }
+            let statement = try db.cachedStatement(sql: """
+                UPDATE download SET priority = ?, place = ?, state = ?, checksum = ?, overwrite = ?, speedLimit = ?,
+                finalPath = ?, bytesDone = ?, totalBytes = ?, failureCategory = ?, failureReason = ?, finishedAt = ?
+                WHERE id = ?
+                """)
+            for r in rows {
+                try statement.execute(arguments: [
+                    r.priority, r.place, r.state, r.checksum, r.overwrite, r.speedLimit, r.finalPath, r.bytesDone,
+                    r.totalBytes, r.failureCategory, r.failureReason, r.finishedAt, r.id,
+                ])
+            }
         }
     }
 

@@ -61,8 +61,17 @@ public struct CompletionStore: Sendable {
         let path = indexPath(directory: directory, url: record.url)
         try? FS.makeDirectories(path.removingLastComponent())
         guard let data = try? JSONEncoder().encode(record) else { return }
-        let tmp = path.string + ".tmp"
-        if FileManager.default.createFile(atPath: tmp, contents: data) { _ = try? FS.rename(FilePath(tmp), path) }
+        // Written and renamed, not fsynced: the finished file carries its own record (an extended
+        // attribute) and a lost index entry only costs a conditional request later.
+        let tmp = FilePath(path.string + ".tmp")
+        do {
+            let fd = try FileDescriptor.open(tmp, .writeOnly, options: [.create, .truncate, .closeOnExec],
+                                             permissions: [.ownerReadWrite])
+            _ = try fd.closeAfter { try fd.writeAll(data) }
+            try FS.rename(tmp, path)
+        } catch {
+            FS.remove(tmp)
+        }
     }
 
     /// The record stored on a file, if any.
