@@ -151,20 +151,25 @@ def main():
                         with open(out, "rb") as f:
                             ok = hashlib.file_digest(f, "sha256").hexdigest() == digests[name]
                     results[tool].append((wall, cpu, rss, ok))
-            print(f"\n### {title}" + (f" (physical limit {ideal:.2f} s)" if ideal else ""))
-            print("| tool | wall s | CPU s | peak RSS MiB | wall vs pickup | CPU vs pickup | ok |")
-            print("| --- | --- | --- | --- | --- | --- | --- |")
-            med = {t: [statistics.median(x[k] for x in r) for k in range(3)] for t, r in results.items()}
-            pw, pc = med["pickup"][0], med["pickup"][1]
-            for tool, (w, c, m) in med.items():
-                okay = all(x[3] for x in results[tool])
-                extra = f" ({w / ideal:.2f}x limit)" if ideal else ""
-                print(f"| {tool} | {w:.2f}{extra} | {c:.2f} | {m:.0f} | {w / pw:.2f} | {c / pc if pc else 0:.2f} | {'yes' if okay else 'NO'} |")
-            sys.stdout.flush()
+            print_table(f"### {title}" + (f" (physical limit {ideal:.2f} s)" if ideal else ""), results, ideal)
     finally:
         nginx.kill()
         nginx.wait()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def print_table(title, results, ideal=None):
+    """Medians of (wall, cpu, rss, ok) runs per tool, as a Markdown table with ratios to pickup."""
+    print(f"\n{title}")
+    print("| tool | wall s | CPU s | peak RSS MiB | wall vs pickup | CPU vs pickup | ok |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    med = {t: [statistics.median(x[k] for x in r) for k in range(3)] for t, r in results.items()}
+    pw, pc = med["pickup"][0], med["pickup"][1]
+    for tool, (w, c, m) in med.items():
+        okay = all(x[3] for x in results[tool])
+        extra = f" ({w / ideal:.2f}x limit)" if ideal else ""
+        print(f"| {tool} | {w:.2f}{extra} | {c:.2f} | {m:.0f} | {w / pw:.2f} | {c / pc if pc else 0:.2f} | {'yes' if okay else 'NO'} |")
+    sys.stdout.flush()
 
 
 def batch_case(args, work, site, outdir, base_url, count=400, size=64 * 1024, jobs=16):
@@ -201,15 +206,7 @@ def batch_case(args, work, site, outdir, base_url, count=400, size=64 * 1024, jo
                     with open(os.path.join(outdir, n), "rb") as f:
                         ok = ok and hashlib.sha256(f.read()).hexdigest() == digests[n]
             results[tool].append((wall, cpu, rss, ok))
-    print(f"\n### {count} files of {size // 1024} KiB, {jobs} at a time (wget: one at a time)")
-    print("| tool | wall s | CPU s | peak RSS MiB | wall vs pickup | CPU vs pickup | ok |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    med = {t: [statistics.median(x[k] for x in r) for k in range(3)] for t, r in results.items()}
-    pw, pc = med["pickup"][0], med["pickup"][1]
-    for tool, (w, c, m) in med.items():
-        okay = all(x[3] for x in results[tool])
-        print(f"| {tool} | {w:.2f} | {c:.2f} | {m:.0f} | {w / pw:.2f} | {c / pc if pc else 0:.2f} | {'yes' if okay else 'NO'} |")
-    sys.stdout.flush()
+    print_table(f"### {count} files of {size // 1024} KiB, {jobs} at a time (wget: one at a time)", results)
 
 
 def queue_case(args):
