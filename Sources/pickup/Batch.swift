@@ -32,7 +32,7 @@ struct Batch {
         let listPath = cwd.pushing(FilePath(inputFile)).lexicallyNormalized()
         var config = DownloadManager.Configuration(
             stateDirectory: StateDirectory.default.appending("batches").appending(Self.key(listPath.string + "\n" + outDir.string)))
-        (config.engine, config.transport) = get.engineSettings()
+        (config.engine, config.transport) = get.engine.settings()
         config.engine.stateDirectory = StateDirectory.default  // completion records shared with single downloads
         config.maxConcurrentDownloads = get.jobs
         config.speedLimit = get.limitRate.flatMap(Get.rate)

@@ -35,18 +35,10 @@ struct Get: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Verify the finished file, e.g. sha-256=HEX (also sha-512, sha-1, md5).", valueName: "algo=hex"))
     var checksum: String?
 
-    @Option(name: [.customShort("x"), .long], help: ArgumentHelp(
-        "Connections per file, 1 to 32. More open only once the server answers a range request with a valid 206.",
-        valueName: "n"))
-    var connections: Int = 8
-
     @Option(help: ArgumentHelp(
         "Speed limit in bytes per second, with an optional K, M or G (1024-based), e.g. 500K. With -i, over the whole batch.",
         valueName: "rate"))
     var limitRate: String?
-
-    @Flag(help: "Reserve the whole file on disk when its length is known, so a full disk shows at the start.")
-    var preallocate = false
 
     @Flag(help: "Discard any partial download and start from zero.")
     var restart = false
@@ -54,17 +46,10 @@ struct Get: AsyncParsableCommand {
     @Flag(help: "Replace an existing file at the target instead of choosing a free name.")
     var overwrite = false
 
-    @Flag(help: "Skip TLS certificate verification and allow https-to-http redirects.")
-    var insecure = false
-
     @Flag(name: [.short, .long], help: "Print nothing but errors.")
     var quiet = false
 
-    @Option(help: ArgumentHelp("Seconds without a byte before a connection counts as stalled.", valueName: "seconds"))
-    var stallTimeout: Double = 15
-
-    @Option(help: ArgumentHelp("Attempts in a row without progress before giving up.", valueName: "n"))
-    var retries: Int = 6
+    @OptionGroup var engine: EngineFlags
 
     func validate() throws {
         if output != nil && dir != nil { throw ValidationError("use either -o or -d, not both") }
@@ -78,9 +63,6 @@ struct Get: AsyncParsableCommand {
         if let checksum, ExpectedDigest(checksumArgument: checksum) == nil {
             throw ValidationError("--checksum must be ALGO=HEX with ALGO one of sha-256, sha-512, sha-1, md5 and HEX of the right length")
         }
-        if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
-        if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
-        if retries < 0 { throw ValidationError("--retries must not be negative") }
         if let limitRate, Self.rate(limitRate) == nil {
             throw ValidationError("--limit-rate must be a positive number of bytes per second, optionally with K, M or G")
         }
@@ -98,7 +80,7 @@ struct Get: AsyncParsableCommand {
             url: url, destination: destination, checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)),
             overwrite: overwrite, restart: restart,
             limiters: limitRate.flatMap(Self.rate).map { [RateLimiter(bytesPerSecond: $0)] } ?? [])
-        let (options, transport) = engineSettings()
+        let (options, transport) = engine.settings()
         let downloader = Downloader(options: options, transport: transport)
         let display = ProgressDisplay(quiet: quiet)
         let signals = SignalTrap()
@@ -121,19 +103,6 @@ struct Get: AsyncParsableCommand {
             display.line("pickup: \(error)")
             throw ExitCode(Self.code(for: error))
         }
-    }
-
-    /// Engine and HTTP settings from the options.
-    func engineSettings() -> (DownloadOptions, HTTPClientTransport.Options) {
-        var options = DownloadOptions()
-        options.allowInsecureRedirects = insecure
-        options.retry.maxAttemptsWithoutProgress = retries
-        options.connections = connections
-        options.preallocate = preallocate
-        var transport = HTTPClientTransport.Options()
-        transport.insecure = insecure
-        transport.stallTimeout = stallTimeout
-        return (options, transport)
     }
 
     /// `500K`, `2M`, `1G` or plain bytes, per second.
@@ -160,6 +129,45 @@ struct Get: AsyncParsableCommand {
         case .fileSystem: Exit.fileSystem
         case .interrupted: Exit.interrupted
         }
+    }
+}
+
+/// Engine and HTTP options shared by `get` and `serve`.
+struct EngineFlags: ParsableArguments {
+    @Option(name: [.customShort("x"), .long], help: ArgumentHelp(
+        "Connections per file, 1 to 32. More open only once the server answers a range request with a valid 206.",
+        valueName: "n"))
+    var connections: Int = 8
+
+    @Flag(help: "Reserve the whole file on disk when its length is known, so a full disk shows at the start.")
+    var preallocate = false
+
+    @Flag(help: "Skip TLS certificate verification and allow https-to-http redirects.")
+    var insecure = false
+
+    @Option(help: ArgumentHelp("Seconds without a byte before a connection counts as stalled.", valueName: "seconds"))
+    var stallTimeout: Double = 15
+
+    @Option(help: ArgumentHelp("Attempts in a row without progress before giving up.", valueName: "n"))
+    var retries: Int = 6
+
+    func validate() throws {
+        if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
+        if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
+        if retries < 0 { throw ValidationError("--retries must not be negative") }
+    }
+
+    /// Engine and HTTP settings from the options.
+    func settings() -> (DownloadOptions, HTTPClientTransport.Options) {
+        var options = DownloadOptions()
+        options.allowInsecureRedirects = insecure
+        options.retry.maxAttemptsWithoutProgress = retries
+        options.connections = connections
+        options.preallocate = preallocate
+        var transport = HTTPClientTransport.Options()
+        transport.insecure = insecure
+        transport.stallTimeout = stallTimeout
+        return (options, transport)
     }
 }
 

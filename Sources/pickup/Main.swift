@@ -19,7 +19,7 @@ struct PickupCommand: AsyncParsableCommand {
         commandName: "pickup",
         abstract: "Resumable, crash-safe downloads.",
         discussion: "Run the same command again after any interruption and the download picks up where it left off.",
-        subcommands: [Get.self])
+        subcommands: [Get.self, Serve.self, Add.self, List.self, Pause.self, Resume.self, Remove.self, Watch.self])
 }
 
 @main

@@ -24,12 +24,15 @@ public struct DownloadRequest: Sendable {
     /// Speed limits this download obeys (its own, a global one...): each is shared by all of its
     /// connections, and may be shared with other downloads.
     public var limiters: [RateLimiter]
+    /// Connections for this download (1 to 32), instead of ``DownloadOptions/connections``.
+    public var connections: Int?
 
     /// A request.
     public init(
         url: String, destination: Destination, checksum: ExpectedDigest? = nil, overwrite: Bool = false,
-        restart: Bool = false, limiters: [RateLimiter] = []
+        restart: Bool = false, limiters: [RateLimiter] = [], connections: Int? = nil
     ) {
+        self.connections = connections
         self.url = url
         self.destination = destination
         self.checksum = checksum

@@ -42,6 +42,8 @@ public final class Downloader: Sendable {
             throw .invalidInput("not an http or https URL: \(request.url)")
         }
         do {
+            var options = options
+            if let n = request.connections { options.connections = min(32, max(1, n)) }
             let run = try FileDownload(request: request, options: options, transport: transport, onEvent: onEvent)
             return try await run.run()
         } catch let e as PickupError {

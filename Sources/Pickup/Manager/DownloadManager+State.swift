@@ -136,7 +136,8 @@ extension DownloadManager {
 
     /// The engine's request for a download.
     static func request(for info: DownloadInfo) -> DownloadRequest {
-        DownloadRequest(url: info.url, destination: info.destination, checksum: info.checksum, overwrite: info.overwrite)
+        DownloadRequest(url: info.url, destination: info.destination, checksum: info.checksum, overwrite: info.overwrite,
+                        connections: info.connections)
     }
 
     /// A destination with an absolute path, so that it means the same after a restart elsewhere.
@@ -150,10 +151,11 @@ extension DownloadManager {
         }
     }
 
-    static func validate(_ url: String, _ destination: Destination) throws(PickupError) {
+    static func validate(_ url: String, _ destination: Destination, connections: Int? = nil) throws(PickupError) {
         guard let scheme = url.split(separator: ":", maxSplits: 1).first?.lowercased(),
             scheme == "http" || scheme == "https", url.contains("://"), URL(string: url)?.host?.isEmpty == false
         else { throw .invalidInput("not an http or https URL: \(url)") }
+        if let n = connections, !(1...32).contains(n) { throw .invalidInput("connections must be 1 to 32, not \(n)") }
         _ = try FileDownload.paths(for: DownloadRequest(url: url, destination: destination))
     }
 

@@ -210,7 +210,7 @@ public actor DownloadManager {
         let now = Date()
         for (i, item) in items.enumerated() {
             let destination = Self.absolute(item.destination)
-            try Self.validate(item.url, destination)
+            try Self.validate(item.url, destination, connections: item.connections)
             let key = Key(item.url, destination)
             if let id = keys[key] {
                 requeueIfStale(id)
@@ -226,7 +226,8 @@ public actor DownloadManager {
                 id: DownloadID(rawValue: 0), url: item.url, destination: destination,
                 state: item.paused ? .paused : .waiting, priority: item.priority,
                 progress: DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0), path: nil, failure: nil,
-                speedLimit: item.speedLimit, checksum: item.checksum, overwrite: item.overwrite, addedAt: now, finishedAt: nil)
+                speedLimit: item.speedLimit, checksum: item.checksum, overwrite: item.overwrite,
+                connections: item.connections, addedAt: now, finishedAt: nil)
             fresh.append((i, DownloadRow(info: info, place: place)))
             place += 1
         }

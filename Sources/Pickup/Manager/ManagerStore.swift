@@ -18,6 +18,7 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
     var checksum: String?
     var overwrite: Bool
     var speedLimit: Int64?
+    var connections: Int?
     var finalPath: String?
     var bytesDone: Int64
     var totalBytes: Int64?
@@ -45,6 +46,7 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
         checksum = info.checksum.map { "\($0.algorithm.rawValue)=\($0.hex)" }
         overwrite = info.overwrite
         speedLimit = info.speedLimit
+        connections = info.connections
         finalPath = info.path?.string
         bytesDone = info.progress.bytesDone
         totalBytes = info.progress.totalBytes
@@ -66,6 +68,7 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
             progress: DownloadProgress(bytesDone: bytesDone, totalBytes: totalBytes, bytesPerSecond: 0),
             path: finalPath.map { FilePath($0) }, failure: failure, speedLimit: speedLimit,
             checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)), overwrite: overwrite,
+            connections: connections,
             addedAt: Date(timeIntervalSince1970: addedAt), finishedAt: finishedAt.map(Date.init(timeIntervalSince1970:)))
     }
 }
@@ -113,6 +116,9 @@ final class ManagerStore: Sendable {
                 t.uniqueKey(["url", "destinationKind", "destinationPath"])
             }
             try db.create(index: "download_on_url", on: "download", columns: ["url"])
+        }
+        m.registerMigration("v2: per-download connections") { db in
+            try db.alter(table: "download") { t in t.add(column: "connections", .integer) }
         }
         return m
     }

@@ -81,6 +81,8 @@ public struct DownloadInfo: Sendable, Equatable, Identifiable {
     public var checksum: ExpectedDigest?
     /// Replace an existing file at the target instead of choosing a free name.
     public var overwrite: Bool
+    /// Its own number of connections, if any (else the engine's setting).
+    public var connections: Int?
     /// When it was added.
     public var addedAt: Date
     /// When it completed or failed.
@@ -147,10 +149,13 @@ public struct NewDownload: Sendable {
     public var speedLimit: Int64?
     /// Add it paused: it waits for ``DownloadManager/resume(_:)``.
     public var paused: Bool
+    /// Connections for this download, 1 to 32 (nil: the engine's setting).
+    public var connections: Int?
 
     /// A download to add.
     public init(url: String, to destination: Destination, priority: Int = 0, checksum: ExpectedDigest? = nil,
-                overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false) {
+                overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false, connections: Int? = nil) {
+        self.connections = connections
         self.url = url
         self.destination = destination
         self.priority = priority

@@ -1,0 +1,226 @@
+import Foundation
+import Pickup
+import SystemPackage
+
+// The JSON of the HTTP API (version 1). `openapi.json` describes the same shapes; a test checks
+// real responses against it. Times are seconds since 1970 (numbers), sizes are bytes.
+
+/// A download as the API shows it.
+public struct APIDownload: Codable, Sendable, Equatable {
+    public var id: Int64
+    public var url: String
+    /// The file's path relative to the download root: the finished file, or the name asked for;
+    /// absent while the server has not yet said what the name is.
+    public var name: String?
+    public var state: String
+    public var priority: Int
+    public var bytesDone: Int64
+    public var totalBytes: Int64?
+    public var fraction: Double?
+    public var bytesPerSecond: Double
+    public var secondsLeft: Double?
+    public var error: APIErrorBody?
+    public var speedLimit: Int64?
+    public var connections: Int?
+    public var checksum: String?
+    public var addedAt: Double
+    public var finishedAt: Double?
+
+    init(_ info: DownloadInfo, root: FilePath) {
+        id = info.id.rawValue
+        url = info.url
+        switch (info.path, info.destination) {
+        case (let path?, _): name = Confinement.relative(path, to: root)
+        case (nil, .file(let path)): name = Confinement.relative(path, to: root)
+        case (nil, .directory): name = nil
+        }
+        state = info.state.rawValue
+        priority = info.priority
+        bytesDone = info.progress.bytesDone
+        totalBytes = info.progress.totalBytes
+        fraction = info.progress.fraction
+        bytesPerSecond = info.progress.bytesPerSecond
+        secondsLeft = info.progress.secondsLeft
+        error = info.failure.map { APIErrorBody(code: $0.category.rawValue, message: $0.reason) }
+        speedLimit = info.speedLimit
+        connections = info.connections
+        checksum = info.checksum.map { "\($0.algorithm.rawValue)=\($0.hex)" }
+        addedAt = info.addedAt.timeIntervalSince1970
+        finishedAt = info.finishedAt?.timeIntervalSince1970
+    }
+}
+
+/// Progress of one running download (the `progress` event).
+public struct APIProgress: Codable, Sendable, Equatable {
+    public var id: Int64
+    public var bytesDone: Int64
+    public var totalBytes: Int64?
+    public var fraction: Double?
+    public var bytesPerSecond: Double
+    public var secondsLeft: Double?
+
+    init(_ id: DownloadID, _ p: DownloadProgress) {
+        self.id = id.rawValue
+        bytesDone = p.bytesDone
+        totalBytes = p.totalBytes
+        fraction = p.fraction
+        bytesPerSecond = p.bytesPerSecond
+        secondsLeft = p.secondsLeft
+    }
+}
+
+/// Sums over every download.
+public struct APITotals: Codable, Sendable, Equatable {
+    public var counts: [String: Int]
+    public var bytesDone: Int64
+    public var totalBytes: Int64
+    public var fraction: Double?
+    public var bytesPerSecond: Double
+    public var secondsLeft: Double?
+
+    init(_ t: ManagerTotals) {
+        counts = Dictionary(uniqueKeysWithValues: DownloadState.allCases.map { ($0.rawValue, t.count($0)) })
+        bytesDone = t.bytesDone
+        totalBytes = t.totalBytes
+        fraction = t.fraction
+        bytesPerSecond = t.bytesPerSecond
+        secondsLeft = t.secondsLeft
+    }
+}
+
+/// The first event of the stream.
+public struct APISnapshot: Codable, Sendable {
+    public var downloads: [APIDownload]
+    public var totals: APITotals
+}
+
+/// A download's id alone (the `removed` event).
+public struct APIRef: Codable, Sendable { public var id: Int64 }
+
+/// A message about a download (the `notice` event).
+public struct APINotice: Codable, Sendable {
+    public var id: Int64
+    public var message: String
+}
+
+/// The daemon's settings; every field is written out, `speedLimit` as null when there is none.
+public struct APISettings: Codable, Sendable, Equatable {
+    public var maxConcurrentDownloads: Int
+    /// Global limit in bytes per second, or nil for none.
+    public var speedLimit: Int64?
+
+    public init(maxConcurrentDownloads: Int, speedLimit: Int64?) {
+        self.maxConcurrentDownloads = maxConcurrentDownloads
+        self.speedLimit = speedLimit
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
+        try c.encode(speedLimit, forKey: .speedLimit)
+    }
+}
+
+/// An error's stable code and readable message.
+public struct APIErrorBody: Codable, Sendable, Equatable {
+    public var code: String
+    public var message: String
+}
+
+/// Every error response: `{"error": {"code": ..., "message": ...}}`.
+public struct APIErrorEnvelope: Codable, Sendable {
+    public var error: APIErrorBody
+}
+
+// MARK: - Request bodies
+
+/// `POST /downloads`.
+public struct APIAddRequest: Codable, Sendable {
+    public var url: String
+    /// A file name or a relative path inside the download root (else the server's name).
+    public var name: String?
+    public var priority: Int?
+    /// `sha-256=HEX` (also sha-512, sha-1, md5).
+    public var checksum: String?
+    /// 1 to 32.
+    public var connections: Int?
+    /// Bytes per second.
+    public var speedLimit: Int64?
+    /// Add it paused.
+    public var paused: Bool?
+
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case url, name, priority, checksum, connections, speedLimit, paused
+    }
+
+    public init(url: String, name: String? = nil, priority: Int? = nil, checksum: String? = nil,
+                connections: Int? = nil, speedLimit: Int64? = nil, paused: Bool? = nil) {
+        self.url = url
+        self.name = name
+        self.priority = priority
+        self.checksum = checksum
+        self.connections = connections
+        self.speedLimit = speedLimit
+        self.paused = paused
+    }
+
+    public init(from decoder: any Decoder) throws {
+        try StrictKeys.check(decoder, CodingKeys.self)
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        url = try c.decode(String.self, forKey: .url)
+        name = try c.decodeIfPresent(String.self, forKey: .name)
+        priority = try c.decodeIfPresent(Int.self, forKey: .priority)
+        checksum = try c.decodeIfPresent(String.self, forKey: .checksum)
+        connections = try c.decodeIfPresent(Int.self, forKey: .connections)
+        speedLimit = try c.decodeIfPresent(Int64.self, forKey: .speedLimit)
+        paused = try c.decodeIfPresent(Bool.self, forKey: .paused)
+    }
+}
+
+/// `PATCH /settings`: fields left out stay as they are; `"speedLimit": null` removes the limit.
+public struct APISettingsPatch: Codable, Sendable {
+    public var maxConcurrentDownloads: Int?
+    /// nil: unchanged; .some(nil): no limit.
+    public var speedLimit: Int64??
+
+    enum CodingKeys: String, CodingKey, CaseIterable { case maxConcurrentDownloads, speedLimit }
+
+    public init(maxConcurrentDownloads: Int? = nil, speedLimit: Int64?? = nil) {
+        self.maxConcurrentDownloads = maxConcurrentDownloads
+        self.speedLimit = speedLimit
+    }
+
+    public init(from decoder: any Decoder) throws {
+        try StrictKeys.check(decoder, CodingKeys.self)
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        maxConcurrentDownloads = try c.decodeIfPresent(Int.self, forKey: .maxConcurrentDownloads)
+        if c.contains(.speedLimit) {
+            speedLimit = .some(try c.decodeNil(forKey: .speedLimit) ? nil : try c.decode(Int64.self, forKey: .speedLimit))
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encodeIfPresent(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
+        if let limit = speedLimit { try c.encode(limit, forKey: .speedLimit) }
+    }
+}
+
+/// Refuses fields a request body should not have (a misspelt field would otherwise be ignored).
+enum StrictKeys {
+    struct AnyKey: CodingKey {
+        var stringValue: String
+        var intValue: Int? { nil }
+        init(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
+    }
+
+    static func check<K: CodingKey & CaseIterable>(_ decoder: any Decoder, _: K.Type) throws {
+        let known = Set(K.allCases.map(\.stringValue))
+        let c = try decoder.container(keyedBy: AnyKey.self)
+        if let unknown = c.allKeys.first(where: { !known.contains($0.stringValue) }) {
+            throw DecodingError.dataCorrupted(.init(codingPath: [unknown], debugDescription: "unknown field"))
+        }
+    }
+}
+

@@ -1,0 +1,171 @@
+import Foundation
+import Hummingbird
+import Logging
+import NIOConcurrencyHelpers
+import Pickup
+import ServiceLifecycle
+import SystemPackage
+
+/// How a ``Daemon`` runs.
+public struct DaemonConfiguration: Sendable {
+    /// Every file goes inside this directory (the download root).
+    public var root: FilePath
+    /// The manager's database, the token, the address file and the settings.
+    public var stateDirectory: FilePath
+    /// Address to listen on (default loopback).
+    public var host = "127.0.0.1"
+    /// Port (0: any free port; the address file says which).
+    public var port = Daemon.defaultPort
+    /// Downloads at once, replacing the saved setting when given.
+    public var maxConcurrentDownloads: Int?
+    /// Engine settings (connections, retries, checkpoint interval...).
+    public var engine = DownloadOptions()
+    /// HTTP client settings (timeouts, TLS).
+    public var transport = HTTPClientTransport.Options()
+    /// How often progress goes to the event stream, seconds.
+    public var progressInterval = 0.5
+
+    /// A configuration.
+    public init(root: FilePath, stateDirectory: FilePath) {
+        self.root = root
+        self.stateDirectory = stateDirectory
+    }
+}
+
+/// `pickup serve`: a ``DownloadManager`` in a long-lived process, driven over HTTP (`/api/v1`,
+/// bearer token), with a web page at `/`. SIGTERM and SIGINT checkpoint every download and end
+/// the process cleanly; the next start resumes them.
+public final class Daemon: Sendable {
+    /// The port `pickup serve` listens on unless told otherwise.
+    public static let defaultPort = 6880
+
+    /// The downloads.
+    public let manager: DownloadManager
+    /// The bearer token every API call must carry.
+    public let token: String
+    /// Whether the token was made by this start (print it once).
+    public let tokenIsNew: Bool
+    /// The download root, symlinks resolved.
+    public let root: FilePath
+    let configuration: DaemonConfiguration
+    let files: DaemonFiles
+    let settingsLock = NIOLock()
+    /// The port actually bound, once listening.
+    let boundPort = NIOLockedValueBox<Int?>(nil)
+    /// The running service group, to stop it as a signal would.
+    let group = NIOLockedValueBox<ServiceGroup?>(nil)
+
+    /// Opens the state directory (refusing one another process drives), the token (made on first
+    /// start, mode 0600) and the saved settings.
+    /// - Throws: ``PickupError``, with a one-line reason.
+    public init(configuration: DaemonConfiguration) throws(PickupError) {
+        var configuration = configuration
+        let files = DaemonFiles(directory: configuration.stateDirectory)
+        do {
+            try FileManager.default.createDirectory(atPath: configuration.root.string, withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(atPath: configuration.stateDirectory.string, withIntermediateDirectories: true)
+        } catch {
+            throw .fileSystem("cannot create \(configuration.root) or \(configuration.stateDirectory): \(error.localizedDescription)", .ioError)
+        }
+        let root = Confinement.realPath(configuration.root)
+        configuration.root = root
+        let saved = files.loadSettings()
+        var manager = DownloadManager.Configuration(stateDirectory: configuration.stateDirectory.appending("manager"))
+        manager.maxConcurrentDownloads = configuration.maxConcurrentDownloads ?? saved?.maxConcurrentDownloads ?? 3
+        manager.speedLimit = saved?.speedLimit ?? nil
+        manager.progressInterval = configuration.progressInterval
+        manager.engine = configuration.engine
+        manager.transport = configuration.transport
+        self.manager = try DownloadManager(configuration: manager)
+        (token, tokenIsNew) = try files.token()
+        self.root = root
+        self.configuration = configuration
+        self.files = files
+    }
+
+    /// Serves until SIGTERM or SIGINT (when `handlesSignals`) or until the calling task is
+    /// cancelled; then checkpoints every download, shuts the manager down and removes the address
+    /// file. `onListening` gets the base URL once the port is bound (the address file has it too).
+    public func run(handlesSignals: Bool = true, onListening: @escaping @Sendable (String) async -> Void = { _ in }) async throws {
+        var logger = Logger(label: "pickup.serve")
+        logger.logLevel = .error
+        let router = Router(context: BasicRequestContext.self)
+        Routes(daemon: self).register(on: router)
+        let host = configuration.host
+        let app = Application(
+            router: router,
+            configuration: .init(address: .hostname(host, port: configuration.port), serverName: nil),
+            onServerRunning: { [self] channel in
+                let port = channel.localAddress?.port ?? configuration.port
+                boundPort.withLockedValue { $0 = port }
+                let url = "http://\(Self.urlHost(host)):\(port)"
+                files.writeAddress(url)
+                await onListening(url)
+            },
+            logger: logger)
+        let group = ServiceGroup(configuration: .init(
+            services: [app, ManagerService(daemon: self)],
+            gracefulShutdownSignals: handlesSignals ? [.sigterm, .sigint] : [],
+            logger: logger))
+        self.group.withLockedValue { $0 = group }
+        try await group.run()
+    }
+
+    /// Stops a running daemon as SIGTERM does: every download checkpointed, the manager shut
+    /// down, then the server closed; ``run(handlesSignals:onListening:)`` returns.
+    public func stop() async {
+        await group.withLockedValue { $0 }?.triggerGracefulShutdown()
+    }
+
+    /// The settings as they are now.
+    func settings() async -> APISettings {
+        APISettings(maxConcurrentDownloads: await manager.maxConcurrentDownloads, speedLimit: await manager.speedLimit)
+    }
+
+    /// Applies and saves a change of settings.
+    func apply(_ patch: APISettingsPatch) async throws(APIError) -> APISettings {
+        if let n = patch.maxConcurrentDownloads {
+            guard (1...64).contains(n) else { throw .badRequest("maxConcurrentDownloads must be 1 to 64") }
+        }
+        if case .some(.some(let limit)) = patch.speedLimit, limit < 1 {
+            throw .badRequest("speedLimit must be a positive number of bytes per second, or null for none")
+        }
+        if let n = patch.maxConcurrentDownloads { await manager.setMaxConcurrentDownloads(n) }
+        if let limit = patch.speedLimit { await manager.setSpeedLimit(limit) }
+        let now = await settings()
+        files.saveSettings(now)
+        return now
+    }
+
+    /// Host names a request may carry in `Host` (and `Origin`): the daemon's own address only.
+    func allowedAuthorities() -> Set<String> {
+        guard let port = boundPort.withLockedValue({ $0 }) else { return [] }
+        var hosts: Set<String> = ["127.0.0.1", "localhost", "[::1]", Self.urlHost(configuration.host)]
+        if configuration.host == "0.0.0.0" || configuration.host == "::" {
+            // Listening everywhere: the machine's own name is its address too.
+            hosts.insert(ProcessInfo.processInfo.hostName)
+        }
+        return Set(hosts.map { "\($0):\(port)".lowercased() })
+    }
+
+    static func urlHost(_ host: String) -> String {
+        host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host
+    }
+
+    /// Whether `host` is a loopback address.
+    public static func isLoopback(_ host: String) -> Bool {
+        host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")
+    }
+}
+
+/// Shuts the manager down first when the process is asked to stop (services stop in reverse
+/// order), so event streams end and every download is checkpointed before the server closes.
+struct ManagerService: Service {
+    let daemon: Daemon
+
+    func run() async throws {
+        try? await gracefulShutdown()
+        await daemon.manager.shutdown()
+        daemon.files.removeAddress()
+    }
+}

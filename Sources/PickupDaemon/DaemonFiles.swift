@@ -1,0 +1,73 @@
+import Foundation
+import Pickup
+import SystemPackage
+
+/// The daemon's files in its state directory: `token` (mode 0600), `daemon.json` (the address
+/// while it runs, for the CLI client) and `settings.json` (what `PATCH /settings` changed).
+public struct DaemonFiles: Sendable {
+    /// The state directory.
+    public let directory: FilePath
+
+    /// The files of the daemon whose state is in `directory`.
+    public init(directory: FilePath) { self.directory = directory }
+
+    var tokenPath: FilePath { directory.appending("token") }
+    var addressPath: FilePath { directory.appending("daemon.json") }
+    var settingsPath: FilePath { directory.appending("settings.json") }
+
+    struct Address: Codable { var url: String; var pid: Int32 }
+
+    /// The token, made (32 random bytes, hex) and saved readable by the owner only on first use.
+    func token() throws(PickupError) -> (String, isNew: Bool) {
+        if let existing = readToken() {
+            // Someone loosened the mode: tighten it again, the token is a password.
+            _ = try? FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: tokenPath.string)
+            return (existing, false)
+        }
+        var rng = SystemRandomNumberGenerator()
+        let token = (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &rng)) }.joined()
+        do {
+            let fd = try FileDescriptor.open(tokenPath, .writeOnly, options: [.create, .exclusiveCreate],
+                                             permissions: [.ownerReadWrite])
+            try fd.closeAfter { _ = try fd.writeAll(Array((token + "\n").utf8)) }
+        } catch {
+            throw .fileSystem("cannot write the token to \(tokenPath): \(error)", .ioError)
+        }
+        return (token, true)
+    }
+
+    /// The saved token, if any.
+    public func readToken() -> String? {
+        guard let data = FileManager.default.contents(atPath: tokenPath.string),
+            let text = String(data: data, encoding: .utf8)?.trimmingCharacters(in: .whitespacesAndNewlines), !text.isEmpty
+        else { return nil }
+        return text
+    }
+
+    /// The running daemon's base URL, if one has written it.
+    public func readAddress() -> String? {
+        guard let data = FileManager.default.contents(atPath: addressPath.string),
+            let a = try? JSONDecoder().decode(Address.self, from: data)
+        else { return nil }
+        return a.url
+    }
+
+    func writeAddress(_ url: String) {
+        let data = (try? JSONEncoder().encode(Address(url: url, pid: getpid()))) ?? Data()
+        try? data.write(to: URL(fileURLWithPath: addressPath.string), options: .atomic)
+    }
+
+    func removeAddress() {
+        try? FileManager.default.removeItem(atPath: addressPath.string)
+    }
+
+    func loadSettings() -> APISettings? {
+        guard let data = FileManager.default.contents(atPath: settingsPath.string) else { return nil }
+        return try? JSONDecoder().decode(APISettings.self, from: data)
+    }
+
+    func saveSettings(_ s: APISettings) {
+        guard let data = try? JSONEncoder().encode(s) else { return }
+        try? data.write(to: URL(fileURLWithPath: settingsPath.string), options: .atomic)
+    }
+}

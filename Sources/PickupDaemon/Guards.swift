@@ -1,0 +1,150 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Pickup
+
+/// An API error: a status, a stable code and a readable message, sent as
+/// `{"error": {"code": ..., "message": ...}}`.
+struct APIError: Error, HTTPResponseError {
+    let status: HTTPResponse.Status
+    let code: String
+    let message: String
+
+    static func badRequest(_ message: String) -> APIError { APIError(status: .badRequest, code: "bad_request", message: message) }
+    static func badName(_ message: String) -> APIError { APIError(status: .badRequest, code: "bad_name", message: message) }
+    static func notFound(_ message: String) -> APIError { APIError(status: .notFound, code: "not_found", message: message) }
+    static func conflict(_ message: String) -> APIError { APIError(status: .conflict, code: "conflict", message: message) }
+
+    /// The API's answer to an engine or manager error.
+    init(_ error: PickupError) {
+        switch error {
+        case .invalidInput(let m): self.init(status: .badRequest, code: "bad_request", message: m)
+        default: self.init(status: .serviceUnavailable, code: error.category.rawValue, message: error.description)
+        }
+    }
+
+    init(status: HTTPResponse.Status, code: String, message: String) {
+        self.status = status
+        self.code = code
+        self.message = message
+    }
+
+    func response(from request: Request, context: some Hummingbird.RequestContext) throws -> Response {
+        var response = JSON.response(APIErrorEnvelope(error: APIErrorBody(code: code, message: message)), status: status)
+        if status == .unauthorized { response.headers[.wwwAuthenticate] = "Bearer" }
+        return response
+    }
+}
+
+enum JSON {
+    static let encoder: JSONEncoder = {
+        let e = JSONEncoder()
+        e.outputFormatting = [.withoutEscapingSlashes]
+        return e
+    }()
+
+    static func response(_ value: some Encodable, status: HTTPResponse.Status = .ok) -> Response {
+        let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
+        return Response(status: status, headers: [.contentType: "application/json", .cacheControl: "no-store"],
+                        body: ResponseBody(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    /// Decodes a request body of at most 64 KiB, with a readable reason when it is wrong.
+    static func decode<T: Decodable>(_ type: T.Type, from request: Request) async throws -> T {
+        var request = request
+        let body = try await request.collectBody(upTo: 64 * 1024)
+        do {
+            return try JSONDecoder().decode(type, from: Data(buffer: body))
+        } catch let DecodingError.typeMismatch(_, ctx), let DecodingError.valueNotFound(_, ctx) {
+            throw APIError.badRequest("\(field(ctx.codingPath)): wrong type")
+        } catch let DecodingError.keyNotFound(key, _) {
+            throw APIError.badRequest("\(key.stringValue): missing")
+        } catch let DecodingError.dataCorrupted(ctx) where !ctx.codingPath.isEmpty {
+            throw APIError.badRequest("\(field(ctx.codingPath)): \(ctx.debugDescription)")
+        } catch {
+            throw APIError.badRequest("the body is not a JSON object of the expected shape")
+        }
+    }
+
+    private static func field(_ path: [any CodingKey]) -> String {
+        path.map(\.stringValue).joined(separator: ".")
+    }
+}
+
+extension Data {
+    init(buffer: ByteBuffer) {
+        self = buffer.getData(at: buffer.readerIndex, length: buffer.readableBytes) ?? Data()
+    }
+}
+
+/// Turns every error into the API's JSON error (unknown routes, bodies too large, bugs), so a
+/// client never sees a crash or an HTML page; adds headers every response should have.
+struct ErrorMiddleware<Context: Hummingbird.RequestContext>: RouterMiddleware {
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        var response: Response
+        do {
+            response = try await next(request, context)
+        } catch let e as APIError {
+            response = try e.response(from: request, context: context)
+        } catch let e as any HTTPResponseError {
+            let code = switch e.status.code {
+            case 404: "not_found"
+            case 405: "method_not_allowed"
+            case 413: "payload_too_large"
+            default: e.status.code < 500 ? "bad_request" : "internal"
+            }
+            response = try APIError(status: e.status, code: code, message: e.status.reasonPhrase).response(from: request, context: context)
+        } catch {
+            response = try APIError(status: .internalServerError, code: "internal", message: "internal error")
+                .response(from: request, context: context)
+        }
+        response.headers[.xContentTypeOptions] = "nosniff"
+        response.headers[HTTPField.Name("X-Frame-Options")!] = "DENY"
+        response.headers[HTTPField.Name("Referrer-Policy")!] = "no-referrer"
+        return response
+    }
+}
+
+/// Refuses a request whose `Host` or `Origin` is not the daemon's own address: a web page in the
+/// user's browser can neither drive the daemon cross-origin nor by DNS rebinding (the rebound
+/// name arrives in `Host`). No CORS headers are ever sent.
+struct OriginGuard<Context: Hummingbird.RequestContext>: RouterMiddleware {
+    let daemon: Daemon
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let allowed = daemon.allowedAuthorities()
+        guard let host = request.head.authority?.lowercased(), allowed.contains(host) else {
+            throw APIError(status: .forbidden, code: "forbidden_host", message: "this Host is not the daemon's address")
+        }
+        if let origin = request.headers[.origin] {
+            let lower = origin.lowercased()
+            guard lower.hasPrefix("http://"), allowed.contains(String(lower.dropFirst("http://".count))) else {
+                throw APIError(status: .forbidden, code: "forbidden_origin", message: "cross-origin requests are refused")
+            }
+        }
+        return try await next(request, context)
+    }
+}
+
+/// Every API call carries `Authorization: Bearer <token>`, compared in constant time; otherwise
+/// 401 and nothing else.
+struct BearerAuth<Context: Hummingbird.RequestContext>: RouterMiddleware {
+    let token: [UInt8]
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard let header = request.headers[.authorization], header.hasPrefix("Bearer "),
+            Self.equal(Array(header.utf8.dropFirst("Bearer ".utf8.count)), token)
+        else {
+            throw APIError(status: .unauthorized, code: "unauthorized", message: "a valid bearer token is required")
+        }
+        return try await next(request, context)
+    }
+
+    /// Equal without an early exit, so the time taken says nothing about where they differ.
+    static func equal(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+        guard a.count == b.count else { return false }
+        var diff: UInt8 = 0
+        for i in 0..<a.count { diff |= a[i] ^ b[i] }
+        return diff == 0
+    }
+}

@@ -1,0 +1,160 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Pickup
+import SystemPackage
+
+/// The HTTP API under `/api/v1` and the web page at `/`.
+struct Routes {
+    let daemon: Daemon
+    var manager: DownloadManager { daemon.manager }
+
+    func register(on router: Router<BasicRequestContext>) {
+        router.add(middleware: ErrorMiddleware())
+        router.add(middleware: OriginGuard(daemon: daemon))
+        WebAssets.register(on: router)
+        router.get("/api/v1/openapi.json") { _, _ in WebAssets.openAPI }
+
+        let api = router.group("/api/v1").add(middleware: BearerAuth(token: Array(daemon.token.utf8)))
+        api.post("/downloads") { request, _ in try await add(request) }
+        api.get("/downloads") { request, _ in try await list(request) }
+        api.get("/downloads/{id}") { _, context in JSON.response(try await download(context)) }
+        api.delete("/downloads/{id}") { request, context in
+            let id = try await known(context)
+            let deleteFile = try flag(request, "deleteFile")
+            do throws(PickupError) { try await manager.remove(id, deleteFile: deleteFile) } catch { throw APIError(error) }
+            return Response(status: .noContent)
+        }
+        api.post("/downloads/{id}/pause") { _, context in
+            try await act(context) { m, id throws(PickupError) in try await m.pause(id) }
+        }
+        api.post("/downloads/{id}/resume") { _, context in
+            try await act(context) { m, id throws(PickupError) in try await m.resume(id) }
+        }
+        api.post("/downloads/{id}/retry") { _, context in
+            let id = try await known(context)
+            guard await manager.download(id)?.state == .failed else { throw APIError.conflict("only a failed download can be retried") }
+            return try await act(context) { m, id throws(PickupError) in try await m.resume(id) }
+        }
+        api.post("/pause-all") { _, _ in
+            await manager.pauseAll()
+            return Response(status: .noContent)
+        }
+        api.post("/resume-all") { _, _ in
+            await manager.resumeAll()
+            return Response(status: .noContent)
+        }
+        api.get("/settings") { _, _ in JSON.response(await daemon.settings()) }
+        api.patch("/settings") { request, _ in
+            let patch = try await JSON.decode(APISettingsPatch.self, from: request)
+            return JSON.response(try await daemon.apply(patch))
+        }
+        api.get("/events") { _, _ in await events() }
+    }
+
+    // MARK: - Handlers
+
+    private func add(_ request: Request) async throws -> Response {
+        let body = try await JSON.decode(APIAddRequest.self, from: request)
+        let destination: Destination =
+            if let name = body.name { .file(try Confinement.resolve(name, in: daemon.root)) } else { .directory(daemon.root) }
+        var checksum: ExpectedDigest?
+        if let text = body.checksum {
+            guard let c = ExpectedDigest(checksumArgument: text) else {
+                throw APIError.badRequest("checksum must be ALGO=HEX with sha-256, sha-512, sha-1 or md5")
+            }
+            checksum = c
+        }
+        if let limit = body.speedLimit, limit < 1 { throw APIError.badRequest("speedLimit must be a positive number of bytes per second") }
+        let item = NewDownload(url: body.url, to: destination, priority: body.priority ?? 0, checksum: checksum,
+                               speedLimit: body.speedLimit, paused: body.paused ?? false, connections: body.connections)
+        let id: DownloadID
+        do throws(PickupError) { id = try await manager.add([item])[0] } catch { throw APIError(error) }
+        guard let info = await manager.download(id) else { throw APIError.notFound("the download was removed meanwhile") }
+        return JSON.response(APIDownload(info, root: daemon.root), status: .created)
+    }
+
+    private func list(_ request: Request) async throws -> Response {
+        var state: DownloadState?
+        if let text = request.uri.queryParameters["state"] {
+            guard let s = DownloadState(rawValue: String(text)) else {
+                throw APIError.badRequest("state must be one of " + DownloadState.allCases.map(\.rawValue).joined(separator: ", "))
+            }
+            state = s
+        }
+        let offset = try number(request, "offset") ?? 0
+        let limit = try number(request, "limit")
+        let all = await manager.downloads(in: state)
+        let page = all.dropFirst(offset).prefix(limit ?? Int.max)
+        let root = daemon.root
+        return JSON.response(page.map { APIDownload($0, root: root) })
+    }
+
+    private func download(_ context: BasicRequestContext) async throws -> APIDownload {
+        let id = try await known(context)
+        guard let info = await manager.download(id) else { throw APIError.notFound("no download \(id)") }
+        return APIDownload(info, root: daemon.root)
+    }
+
+    private func known(_ context: BasicRequestContext) async throws -> DownloadID {
+        guard let raw = context.parameters.get("id", as: Int64.self), await manager.download(DownloadID(rawValue: raw)) != nil else {
+            throw APIError.notFound("no download \(context.parameters.get("id") ?? "")")
+        }
+        return DownloadID(rawValue: raw)
+    }
+
+    private func act(_ context: BasicRequestContext,
+                     _ action: @Sendable (DownloadManager, DownloadID) async throws(PickupError) -> Void) async throws -> Response {
+        let id = try await known(context)
+        do throws(PickupError) { try await action(manager, id) } catch { throw APIError(error) }
+        return JSON.response(try await download(context))
+    }
+
+    private func flag(_ request: Request, _ name: String) throws -> Bool {
+        guard let text = request.uri.queryParameters[Substring(name)] else { return false }
+        switch text {
+        case "true", "1": return true
+        case "false", "0": return false
+        default: throw APIError.badRequest("\(name) must be true or false")
+        }
+    }
+
+    private func number(_ request: Request, _ name: String) throws -> Int? {
+        guard let text = request.uri.queryParameters[Substring(name)] else { return nil }
+        guard let n = Int(text), n >= 0 else { throw APIError.badRequest("\(name) must be a whole number, 0 or more") }
+        return n
+    }
+
+    /// Server-Sent Events: a `snapshot` first, then `added`, `changed`, `progress`, `totals`,
+    /// `notice` and `removed` as they happen, until the client leaves or the daemon stops.
+    private func events() async -> Response {
+        let stream = await manager.events()
+        let root = daemon.root
+        let body = ResponseBody { writer in
+            // A comment at once, so that the client knows the stream is open.
+            try await writer.write(ByteBuffer(string: ": pickup events\n\n"))
+            for await event in stream {
+                try await writer.write(Self.frame(event, root: root))
+            }
+            try await writer.finish(nil)
+        }
+        return Response(status: .ok, headers: [.contentType: "text/event-stream", .cacheControl: "no-store"], body: body)
+    }
+
+    static func frame(_ event: ManagerEvent, root: FilePath) -> ByteBuffer {
+        func data(_ name: String, _ value: some Encodable) -> ByteBuffer {
+            let json = (try? JSON.encoder.encode(value)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+            return ByteBuffer(string: "event: \(name)\ndata: \(json)\n\n")
+        }
+        switch event {
+        case .snapshot(let all, let totals):
+            return data("snapshot", APISnapshot(downloads: all.map { APIDownload($0, root: root) }, totals: APITotals(totals)))
+        case .added(let info): return data("added", APIDownload(info, root: root))
+        case .changed(let info): return data("changed", APIDownload(info, root: root))
+        case .progress(let id, let p): return data("progress", APIProgress(id, p))
+        case .totals(let t): return data("totals", APITotals(t))
+        case .notice(let id, let message): return data("notice", APINotice(id: id.rawValue, message: message))
+        case .removed(let id): return data("removed", APIRef(id: id.rawValue))
+        }
+    }
+}

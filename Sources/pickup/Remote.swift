@@ -1,0 +1,220 @@
+import ArgumentParser
+import Foundation
+import Pickup
+import PickupDaemon
+
+/// What the client commands share: finding the daemon and turning its errors into exit codes.
+enum Remote {
+    static func client(_ state: DaemonState) throws -> DaemonClient {
+        do throws(DaemonClientError) {
+            return try DaemonClient.find(stateDirectory: state.path)
+        } catch {
+            throw fail(error)
+        }
+    }
+
+    /// Runs a call; a failure prints one line and exits with its code: 3 when the daemon cannot
+    /// be reached, 4 when it answered with a server error, 2 for anything it refused.
+    static func call<T>(_ body: () async throws -> T) async throws -> T {
+        do {
+            return try await body()
+        } catch let e as DaemonClientError {
+            throw fail(e)
+        }
+    }
+
+    static func fail(_ error: DaemonClientError) -> ExitCode {
+        FileHandle.standardError.write(Data("pickup: \(error)\n".utf8))
+        switch error {
+        case .noDaemon, .unreachable: return ExitCode(Exit.network)
+        case .api(let status, _, _): return ExitCode(status >= 500 ? Exit.server : Exit.usage)
+        }
+    }
+
+    static func row(_ d: APIDownload) -> String {
+        var size = ByteCount.format(d.bytesDone)
+        if let total = d.totalBytes { size += " / " + ByteCount.format(total) }
+        let percent = d.fraction.map { String(format: "%.1f%%", $0 * 100) } ?? ""
+        let speed = d.state == "running" ? ByteCount.format(Int64(d.bytesPerSecond)) + "/s" : ""
+        let left = d.state == "running" ? (d.secondsLeft.map(ProgressDisplay.duration) ?? "") : ""
+        let why = d.error.map { "  (\($0.message))" } ?? ""
+        return columns(String(d.id), d.state, percent, size, speed, left) + (d.name ?? d.url) + why
+    }
+
+    static func header() -> String { columns("ID", "STATE", "%", "SIZE", "SPEED", "LEFT") + "NAME" }
+
+    private static func columns(_ id: String, _ state: String, _ percent: String, _ size: String, _ speed: String,
+                                _ left: String) -> String {
+        func pad(_ s: String, _ n: Int, right: Bool = false) -> String {
+            let fill = String(repeating: " ", count: max(0, n - s.count))
+            return right ? fill + s : s + fill
+        }
+        return pad(id, 6, right: true) + "  " + pad(state, 10) + pad(percent, 7, right: true) + "  " + pad(size, 24)
+            + pad(speed, 12) + pad(left, 8)
+    }
+
+    /// A line on standard output, unbuffered (a pipe reader sees it at once).
+    static func say(_ text: String, terminator: String = "\n") {
+        FileHandle.standardOutput.write(Data((text + terminator).utf8))
+    }
+
+}
+
+struct Add: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Add downloads to the running daemon.")
+
+    @Argument(help: "http or https URLs.") var urls: [String]
+    @Option(name: [.short, .customLong("output")], help: ArgumentHelp(
+        "File name (or relative path) inside the daemon's download root; one URL only.", valueName: "name"))
+    var name: String?
+    @Option(help: "Higher starts first.") var priority: Int?
+    @Option(help: ArgumentHelp("Verify the finished file, e.g. sha-256=HEX.", valueName: "algo=hex")) var checksum: String?
+    @Option(name: [.customShort("x"), .long], help: ArgumentHelp("Connections for these downloads, 1 to 32.", valueName: "n"))
+    var connections: Int?
+    @Flag(help: "Add them paused.") var paused = false
+    @OptionGroup var daemonState: DaemonState
+
+    func validate() throws {
+        if urls.isEmpty { throw ValidationError("give at least one URL") }
+        if name != nil && urls.count > 1 { throw ValidationError("-o names one file; give one URL with it") }
+    }
+
+    func run() async throws {
+        let client = try Remote.client(daemonState)
+        for url in urls {
+            let d = try await Remote.call {
+                try await client.add(APIAddRequest(url: url, name: name, priority: priority, checksum: checksum,
+                                                   connections: connections, paused: paused ? true : nil))
+            }
+            print("added \(d.id) \(d.name ?? d.url) (\(d.state))")
+        }
+    }
+}
+
+struct List: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "ls", abstract: "List the daemon's downloads.")
+
+    @Argument(help: "Only those in this state: waiting, running, paused, completed or failed.") var only: String?
+    @OptionGroup var daemonState: DaemonState
+
+    func validate() throws {
+        if let only, DownloadState(rawValue: only) == nil {
+            throw ValidationError("the state must be one of waiting, running, paused, completed, failed")
+        }
+    }
+
+    func run() async throws {
+        let client = try Remote.client(daemonState)
+        let all = try await Remote.call { try await client.list(state: only) }
+        print(Remote.header())
+        for d in all { print(Remote.row(d)) }
+    }
+}
+
+/// `pause` and `resume`: one download or all of them.
+struct IDOrAll: ParsableArguments {
+    @Argument(help: "The download's id (see 'pickup ls').") var id: Int64?
+    @Flag(help: "Every download.") var all = false
+
+    func validate() throws {
+        if (id == nil) == !all { throw ValidationError("give an id or --all") }
+    }
+}
+
+struct Pause: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Pause a download of the daemon, or all of them.")
+    @OptionGroup var target: IDOrAll
+    @OptionGroup var daemonState: DaemonState
+
+    func run() async throws {
+        let client = try Remote.client(daemonState)
+        if let id = target.id {
+            print(Remote.row(try await Remote.call { try await client.pause(id) }))
+        } else {
+            try await Remote.call { try await client.pauseAll() }
+        }
+    }
+}
+
+struct Resume: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Resume (or retry) a download of the daemon, or all paused ones.")
+    @OptionGroup var target: IDOrAll
+    @OptionGroup var daemonState: DaemonState
+
+    func run() async throws {
+        let client = try Remote.client(daemonState)
+        if let id = target.id {
+            print(Remote.row(try await Remote.call { try await client.resume(id) }))
+        } else {
+            try await Remote.call { try await client.resumeAll() }
+        }
+    }
+}
+
+struct Remove: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rm", abstract: "Remove a download from the daemon (an unfinished one's partial bytes are deleted).")
+    @Argument(help: "The download's id.") var id: Int64
+    @Flag(help: "Delete the finished file too.") var deleteFile = false
+    @OptionGroup var daemonState: DaemonState
+
+    func run() async throws {
+        let client = try Remote.client(daemonState)
+        try await Remote.call { try await client.remove(id, deleteFile: deleteFile) }
+    }
+}
+
+struct Watch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show the daemon's downloads live, until interrupted (on a pipe: a line per change).")
+    @OptionGroup var daemonState: DaemonState
+
+    func run() async throws {
+        let client = try Remote.client(daemonState)
+        let tty = isatty(STDOUT_FILENO) != 0
+        var downloads: [Int64: APIDownload] = [:]
+        var totals: APITotals?
+        var lastDraw = Date.distantPast
+        let decoder = JSONDecoder()
+        try await Remote.call {
+            for try await (event, data) in client.events() {
+                switch event {
+                case "snapshot":
+                    let s = try decoder.decode(APISnapshot.self, from: data)
+                    downloads = Dictionary(uniqueKeysWithValues: s.downloads.map { ($0.id, $0) })
+                    totals = s.totals
+                    if !tty { for d in s.downloads { Remote.say(Remote.row(d)) } }
+                case "added", "changed":
+                    let d = try decoder.decode(APIDownload.self, from: data)
+                    let before = downloads[d.id]?.state
+                    downloads[d.id] = d
+                    if !tty, before != d.state { Remote.say(Remote.row(d)) }
+                case "progress":
+                    let p = try decoder.decode(APIProgress.self, from: data)
+                    downloads[p.id]?.bytesDone = p.bytesDone
+                    downloads[p.id]?.totalBytes = p.totalBytes
+                    downloads[p.id]?.fraction = p.fraction
+                    downloads[p.id]?.bytesPerSecond = p.bytesPerSecond
+                    downloads[p.id]?.secondsLeft = p.secondsLeft
+                case "totals": totals = try decoder.decode(APITotals.self, from: data)
+                case "removed":
+                    let r = try decoder.decode(APIRef.self, from: data)
+                    downloads[r.id] = nil
+                    if !tty { Remote.say("removed \(r.id)") }
+                default: break
+                }
+                guard tty, Date().timeIntervalSince(lastDraw) >= 0.25 else { continue }
+                lastDraw = Date()
+                var screen = "\u{1B}[H\u{1B}[2J" + Remote.header() + "\n"
+                for d in downloads.values.sorted(by: { $0.id < $1.id }) { screen += Remote.row(d) + "\n" }
+                if let t = totals {
+                    screen += "\n\(t.counts["running"] ?? 0) running, \(t.counts["waiting"] ?? 0) waiting, "
+                        + "\(t.counts["completed"] ?? 0) completed, \(t.counts["failed"] ?? 0) failed; "
+                        + ByteCount.format(Int64(t.bytesPerSecond)) + "/s\n"
+                }
+                Remote.say(screen, terminator: "")
+            }
+        }
+        Remote.say("pickup: the daemon stopped")
+    }
+}

@@ -1,0 +1,89 @@
+import ArgumentParser
+import Foundation
+import Pickup
+import PickupDaemon
+import SystemPackage
+
+/// The daemon's state directory, shared by `serve` and the client commands.
+struct DaemonState: ParsableArguments {
+    @Option(help: ArgumentHelp(
+        "The daemon's state directory (default: $PICKUP_STATE_DIR/daemon, else ~/.local/state/pickup/daemon).",
+        valueName: "dir"))
+    var state: String?
+
+    var path: FilePath { state.map { FilePath($0) } ?? StateDirectory.default.appending("daemon") }
+}
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the download daemon: an HTTP API, a web page, downloads that go on while clients come and go.",
+        discussion: """
+            Every API call needs the bearer token made on first start (saved, mode 0600, in the state \
+            directory as 'token'). The web page is at the address printed. SIGTERM or SIGINT checkpoint \
+            every download and exit; the next start resumes them.
+            """)
+
+    @Option(help: ArgumentHelp(
+        "Address to listen on, HOST:PORT. Beyond loopback the token is still required, but the traffic is plain HTTP.",
+        valueName: "host:port"))
+    var listen = "127.0.0.1:\(Daemon.defaultPort)"
+
+    @Option(name: [.short, .customLong("dir")], help: ArgumentHelp(
+        "The download root: every file goes inside it (default: the current directory).", valueName: "dir"))
+    var dir: String?
+
+    @OptionGroup var daemonState: DaemonState
+
+    @Option(name: [.short, .customLong("jobs")], help: ArgumentHelp(
+        "Downloads at once, 1 to 64 (default: the saved setting, else 3).", valueName: "n"))
+    var jobs: Int?
+
+    @OptionGroup var engine: EngineFlags
+
+    func validate() throws {
+        guard Self.address(listen) != nil else { throw ValidationError("--listen must be HOST:PORT, e.g. 127.0.0.1:\(Daemon.defaultPort)") }
+        if let jobs, !(1...64).contains(jobs) { throw ValidationError("--jobs must be between 1 and 64") }
+    }
+
+    static func address(_ text: String) -> (host: String, port: Int)? {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port)
+        else { return nil }
+        var host = String(text[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        return host.isEmpty ? nil : (host, port)
+    }
+
+    func run() async throws {
+        let (host, port) = Self.address(listen)!
+        var config = DaemonConfiguration(root: FilePath(dir ?? FileManager.default.currentDirectoryPath), stateDirectory: daemonState.path)
+        config.host = host
+        config.port = port
+        config.maxConcurrentDownloads = jobs
+        (config.engine, config.transport) = engine.settings()
+        let daemon: Daemon
+        do {
+            daemon = try Daemon(configuration: config)
+        } catch {
+            let message = if case .stateInUse = error {
+                "another daemon is already running with its state in \(daemonState.path)"
+            } else { "\(error)" }
+            FileHandle.standardError.write(Data("pickup: \(message)\n".utf8))
+            throw ExitCode(Get.code(for: error))
+        }
+        if daemon.tokenIsNew {
+            Remote.say("pickup: new API token (saved in \(daemonState.path.appending("token"))): \(daemon.token)")
+        }
+        if !Daemon.isLoopback(host) {
+            Remote.say("pickup: listening beyond loopback; every call needs the token, and the traffic is not encrypted")
+        }
+        do {
+            try await daemon.run { url in
+                Remote.say("pickup: serving \(daemon.root) at \(url)/ (state in \(daemonState.path))")
+            }
+        } catch {
+            FileHandle.standardError.write(Data("pickup: cannot serve on \(listen): \(error)\n".utf8))
+            throw ExitCode(Exit.network)
+        }
+        Remote.say("pickup: stopped; every download is checkpointed")
+    }
+}

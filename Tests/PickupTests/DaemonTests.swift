@@ -1,0 +1,260 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import PickupDaemon
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// A daemon in this process, on the test server, listening on a free loopback port.
+final class DaemonFixture: @unchecked Sendable {
+    let server: TestServer
+    let root = TempDir()
+    let state = TempDir()
+    private(set) var daemon: Daemon!
+    private(set) var client: DaemonClient!
+    private(set) var baseURL = ""
+    private var task: Task<Void, any Error>?
+
+    init(server: TestServer? = nil) async throws {
+        if let server { self.server = server } else { self.server = try await TestServer.start() }
+        try await start()
+    }
+
+    func start() async throws {
+        var config = DaemonConfiguration(root: root.path, stateDirectory: state.path)
+        config.port = 0
+        config.progressInterval = 0.02
+        config.engine = testOptions(state: state.path.appending("manager"))
+        config.transport = testTransport()
+        let daemon = try Daemon(configuration: config)
+        let (urls, continuation) = AsyncStream<String>.makeStream()
+        task = Task { try await daemon.run(handlesSignals: false) { continuation.yield($0) } }
+        var first: String?
+        for await url in urls {
+            first = url
+            break
+        }
+        self.daemon = daemon
+        baseURL = try #require(first)
+        client = DaemonClient(baseURL: baseURL, token: daemon.token)
+    }
+
+    /// Stops the daemon as SIGTERM would (the manager checkpoints and shuts down).
+    func stop() async {
+        await daemon.stop()
+        _ = await task?.result
+        task = nil
+    }
+
+    func close() async {
+        await stop()
+        await server.stop()
+    }
+
+    /// A raw request, for what the client would never send.
+    func raw(_ method: HTTPMethod, _ path: String, headers: [(String, String)] = [], token: String? = nil,
+             body: String? = nil) async throws -> (status: Int, body: String, headers: HTTPHeaders) {
+        var r = HTTPClientRequest(url: baseURL + path)
+        r.method = method
+        for (k, v) in headers { r.headers.replaceOrAdd(name: k, value: v) }
+        if let token { r.headers.add(name: "Authorization", value: "Bearer \(token)") }
+        if let body { r.body = .bytes(ByteBuffer(string: body)) }
+        let response = try await HTTPClient.shared.execute(r, timeout: .seconds(30))
+        let bytes = try await response.body.collect(upTo: 64 << 20)
+        return (Int(response.status.code), String(buffer: bytes), response.headers)
+    }
+
+    func api(_ method: HTTPMethod, _ path: String, body: String? = nil) async throws -> (status: Int, body: String, headers: HTTPHeaders) {
+        try await raw(method, "/api/v1" + path, token: daemon.token, body: body)
+    }
+
+    /// Follows the event stream until `condition` holds for the downloads as the stream shows them.
+    @discardableResult
+    func waitUntil(_ condition: @Sendable ([Int64: APIDownload]) -> Bool) async throws -> [Int64: APIDownload] {
+        var view: [Int64: APIDownload] = [:]
+        let decoder = JSONDecoder()
+        for try await (event, data) in client.events() {
+            switch event {
+            case "snapshot": for d in try decoder.decode(APISnapshot.self, from: data).downloads { view[d.id] = d }
+            case "added", "changed":
+                let d = try decoder.decode(APIDownload.self, from: data)
+                view[d.id] = d
+            case "progress":
+                let p = try decoder.decode(APIProgress.self, from: data)
+                view[p.id]?.bytesDone = p.bytesDone
+            case "removed": view[try decoder.decode(APIRef.self, from: data).id] = nil
+            default: break
+            }
+            if condition(view) { return view }
+        }
+        Issue.record("the event stream ended first: \(view.values.map { "\($0.id) \($0.state)" })")
+        return view
+    }
+}
+
+@Suite(.timeLimit(.minutes(2))) struct DaemonTests {
+    @Test func addsListsPausesResumesAndRemovesOverTheAPI() async throws {
+        let f = try await DaemonFixture()
+        let fast = Resource.bytes(count: 300_000, seed: 1)
+        let slow = Resource.bytes(count: 3_000_000, seed: 2)
+        f.server.set("/fast.bin", Resource(body: fast))
+        f.server.set("/slow.bin", Resource(body: slow, bytesPerSecond: 1_000_000))
+        let a = try await f.client.add(APIAddRequest(url: f.server.url("/fast.bin")))
+        let b = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin"), name: "sub/slow copy.bin", priority: 5))
+        #expect(b.name == "sub/slow copy.bin")
+        #expect(b.priority == 5)
+        // The same URL and name again is the same download.
+        #expect(try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin"), name: "sub/slow copy.bin")).id == b.id)
+
+        try await f.waitUntil { $0[a.id]?.state == "completed" && ($0[b.id]?.bytesDone ?? 0) > 200_000 }
+        #expect(f.root.read("fast.bin") == fast)
+        #expect(try await f.client.download(a.id).name == "fast.bin")
+        #expect(try await f.client.list(state: "completed").map(\.id) == [a.id])
+
+        #expect(try await f.client.pause(b.id).state == "paused")
+        let paused = try await f.waitUntil { $0[b.id]?.state == "paused" }
+        #expect(try await f.client.list(state: "paused").map(\.id) == [b.id])
+        f.server.update("/slow.bin") { $0.bytesPerSecond = nil }
+        #expect(try await f.client.resume(b.id).state != "paused")
+        try await f.waitUntil { $0[b.id]?.state == "completed" }
+        #expect(f.root.read("sub/slow copy.bin") == slow)
+        let resumed = f.server.requests("/slow.bin").last
+        // Resumed from what the pause kept, not from zero.
+        #expect(paused[b.id]!.bytesDone > 0)
+        #expect(resumed?.headers["range"] != nil && resumed?.headers["range"] != "bytes=0-")
+        #expect(resumed?.headers["if-range"] == "\"v1\"")
+
+        try await f.client.remove(a.id, deleteFile: true)
+        #expect(f.root.read("fast.bin") == nil)
+        try await f.client.remove(b.id, deleteFile: false)
+        #expect(f.root.read("sub/slow copy.bin") == slow)
+        #expect(try await f.client.list().isEmpty)
+        #expect(try await f.api(.GET, "/downloads/\(a.id)").status == 404)
+        await f.close()
+    }
+
+    @Test func refusesMissingTokensForeignHostsAndOrigins() async throws {
+        let f = try await DaemonFixture()
+        let noToken = try await f.raw(.GET, "/api/v1/downloads")
+        #expect(noToken.status == 401)
+        #expect(noToken.body == #"{"error":{"code":"unauthorized","message":"a valid bearer token is required"}}"#
+            || noToken.body.contains("\"unauthorized\""))
+        #expect(!noToken.body.contains("\"id\""))
+        #expect(try await f.raw(.GET, "/api/v1/downloads", token: "0" + f.daemon.token.dropFirst()).status == 401)
+        #expect(try await f.raw(.GET, "/api/v1/downloads", token: f.daemon.token + "0").status == 401)
+        #expect(try await f.raw(.GET, "/api/v1/downloads", token: f.daemon.token).status == 200)
+        // DNS rebinding: the right address under another name.
+        #expect(try await f.raw(.GET, "/api/v1/downloads", headers: [("Host", "evil.example:80")], token: f.daemon.token).status == 403)
+        #expect(try await f.raw(.GET, "/", headers: [("Host", "evil.example")]).status == 403)
+        let port = URL(string: f.baseURL)!.port!
+        #expect(try await f.raw(.GET, "/api/v1/downloads", headers: [("Host", "localhost:\(port)")], token: f.daemon.token).status == 200)
+        // A page elsewhere in the browser.
+        let cross = try await f.raw(.POST, "/api/v1/pause-all", headers: [("Origin", "http://evil.example")], token: f.daemon.token)
+        #expect(cross.status == 403)
+        #expect(cross.headers["Access-Control-Allow-Origin"].isEmpty)
+        #expect(try await f.raw(.POST, "/api/v1/pause-all", headers: [("Origin", f.baseURL)], token: f.daemon.token).status == 204)
+        // The token file is the owner's alone.
+        let mode = try FileManager.default.attributesOfItem(atPath: f.state.file("token").string)[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+        await f.close()
+    }
+
+    @Test func keepsEveryNameInsideTheRoot() async throws {
+        let f = try await DaemonFixture()
+        f.server.set("/x.bin", Resource(body: Resource.bytes(count: 1000)))
+        let outside = TempDir()
+        try FileManager.default.createSymbolicLink(atPath: f.root.file("link").string, withDestinationPath: outside.path.string)
+        try FileManager.default.createSymbolicLink(atPath: f.root.file("passwd").string, withDestinationPath: "/etc/passwd")
+        for name in ["../x.bin", "/tmp/x.bin", "a/../../x.bin", "..", "link/x.bin", "passwd", "", "sub/./../../x"] {
+            let body = #"{"url":"\#(f.server.url("/x.bin"))","name":"\#(name)"}"#
+            let r = try await f.api(.POST, "/downloads", body: body)
+            #expect(r.status == 400, "\(name)")
+            #expect(r.body.contains("\"bad_name\""), "\(name): \(r.body)")
+        }
+        #expect(outside.entries.isEmpty)
+        let ok = try await f.client.add(APIAddRequest(url: f.server.url("/x.bin"), name: "deep/er/x.bin"))
+        try await f.waitUntil { $0[ok.id]?.state == "completed" }
+        #expect(f.root.read("deep/er/x.bin")?.count == 1000)
+        await f.close()
+    }
+
+    @Test func badRequestsGetAClear4xxAndTheDaemonGoesOn() async throws {
+        let f = try await DaemonFixture()
+        let cases: [(HTTPMethod, String, String?, Int, String)] = [
+            (.POST, "/downloads", "{not json", 400, "bad_request"),
+            (.POST, "/downloads", "[]", 400, "bad_request"),
+            (.POST, "/downloads", #"{"url": 5}"#, 400, "bad_request"),
+            (.POST, "/downloads", #"{"url":"http://x/a","priority":"high"}"#, 400, "bad_request"),
+            (.POST, "/downloads", #"{"url":"http://x/a","prioirty":1}"#, 400, "bad_request"),
+            (.POST, "/downloads", #"{"url":"ftp://x/a"}"#, 400, "bad_request"),
+            (.POST, "/downloads", #"{"url":"http://x/a","connections":99}"#, 400, "bad_request"),
+            (.POST, "/downloads", #"{"url":"http://x/a","checksum":"sha-256=zz"}"#, 400, "bad_request"),
+            (.POST, "/downloads", #"{"url":"http://x/a","pad":""# + String(repeating: "x", count: 100_000) + "\"}", 413, "payload_too_large"),
+            (.GET, "/downloads?state=done", nil, 400, "bad_request"),
+            (.GET, "/downloads?limit=-1", nil, 400, "bad_request"),
+            (.GET, "/downloads/abc", nil, 404, "not_found"),
+            (.GET, "/downloads/99", nil, 404, "not_found"),
+            (.POST, "/downloads/99/pause", nil, 404, "not_found"),
+            (.DELETE, "/downloads/99", nil, 404, "not_found"),
+            (.GET, "/nothing/here", nil, 404, "not_found"),
+            (.PATCH, "/settings", #"{"maxConcurrentDownloads":0}"#, 400, "bad_request"),
+            (.PATCH, "/settings", #"{"speedLimit":"fast"}"#, 400, "bad_request"),
+        ]
+        for (method, path, body, status, code) in cases {
+            let r = try await f.api(method, path, body: body)
+            #expect(r.status == status, "\(method) \(path): \(r.body)")
+            let e = try? JSONDecoder().decode(APIErrorEnvelope.self, from: Data(r.body.utf8))
+            #expect(e?.error.code == code, "\(method) \(path): \(r.body)")
+            #expect(e?.error.message.isEmpty == false)
+        }
+        f.server.set("/ok.bin", Resource(body: Resource.bytes(count: 10)))
+        let d = try await f.client.add(APIAddRequest(url: f.server.url("/ok.bin")))
+        try await f.waitUntil { $0[d.id]?.state == "completed" }
+        #expect(try await f.api(.POST, "/downloads/\(d.id)/retry").status == 409)
+        await f.close()
+    }
+
+    @Test func settingsChangeAtOnceAndSurviveARestart() async throws {
+        let f = try await DaemonFixture()
+        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 3, speedLimit: nil))
+        let s = try await f.client.update(APISettingsPatch(maxConcurrentDownloads: 7, speedLimit: .some(500_000)))
+        #expect(s == APISettings(maxConcurrentDownloads: 7, speedLimit: 500_000))
+        #expect(await f.daemon.manager.maxConcurrentDownloads == 7)
+        #expect(await f.daemon.manager.speedLimit == 500_000)
+        await f.stop()
+        try await f.start()
+        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: 500_000))
+        // null removes the limit; a field left out stays.
+        #expect(try await f.api(.PATCH, "/settings", body: #"{"speedLimit":null}"#).status == 200)
+        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: nil))
+        await f.close()
+    }
+
+    @Test func aSecondDaemonOnTheSameStateIsRefused() async throws {
+        let f = try await DaemonFixture()
+        #expect(throws: PickupError.self) {
+            try Daemon(configuration: DaemonConfiguration(root: f.root.path, stateDirectory: f.state.path))
+        }
+        await f.close()
+    }
+
+    @Test func theWebPageIsServedFromFixedRoutesOnly() async throws {
+        let f = try await DaemonFixture()
+        let page = try await f.raw(.GET, "/")
+        #expect(page.status == 200)
+        #expect(page.body.contains("<script src=\"/app.js\""))
+        #expect(page.headers["Content-Security-Policy"].first?.contains("default-src 'self'") == true)
+        #expect(try await f.raw(.GET, "/app.js").body.contains("/events"))
+        #expect(try await f.raw(.GET, "/style.css").status == 200)
+        for path in ["/../Package.swift", "/app.js/../../token", "/%2e%2e/token", "/Web/index.html", "/token"] {
+            let r = try await f.raw(.GET, path)
+            #expect(r.status == 404, "\(path)")
+            #expect(!r.body.contains(f.daemon.token))
+        }
+        await f.close()
+    }
+}
