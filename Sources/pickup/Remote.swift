@@ -64,7 +64,7 @@ struct Add: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Add downloads to the running daemon.")
 
     @Argument(help: "http or https URLs.") var urls: [String]
-    @Option(name: [.short, .customLong("output")], help: ArgumentHelp(
+    @Option(name: [.customShort("o"), .customLong("output")], help: ArgumentHelp(
         "File name (or relative path) inside the daemon's download root; one URL only.", valueName: "name"))
     var name: String?
     @Option(help: "Higher starts first.") var priority: Int?

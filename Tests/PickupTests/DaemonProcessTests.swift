@@ -1,0 +1,165 @@
+import Foundation
+import PickupDaemon
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// A real `pickup serve` process on a free loopback port.
+struct ServeProcess {
+    let process: Process
+    let client: DaemonClient
+
+    /// Starts `pickup serve` and waits until it answers on the address it wrote.
+    static func start(root: TempDir, state: TempDir, _ extra: [String] = []) async throws -> ServeProcess {
+        let files = DaemonFiles(directory: state.path)
+        let stale = files.readAddress()
+        let p = try CLI.start(["serve", "--listen", "127.0.0.1:0", "-d", root.path.string, "--state", state.path.string,
+                               "-x", "1", "--stall-timeout", "1"] + extra, state: state.path)
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline, p.isRunning {
+            if let url = files.readAddress(), url != stale, let token = files.readToken() {
+                let client = DaemonClient(baseURL: url, token: token)
+                if (try? await client.settings()) != nil { return ServeProcess(process: p, client: client) }
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        kill(p.processIdentifier, SIGKILL)
+        throw CocoaError(.fileReadUnknown, userInfo: [NSLocalizedDescriptionKey: "pickup serve did not start"])
+    }
+
+    /// Polls the daemon until `condition` holds for its list of downloads.
+    @discardableResult
+    func waitUntil(_ condition: ([APIDownload]) -> Bool) async throws -> [APIDownload] {
+        let deadline = Date().addingTimeInterval(60)
+        var last: [APIDownload] = []
+        while Date() < deadline {
+            last = try await client.list()
+            if condition(last) { return last }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        Issue.record("gave up waiting: \(last.map { "\($0.id) \($0.state) \($0.bytesDone)" })")
+        return last
+    }
+
+    func signal(_ sig: Int32) -> Process.TerminationReason {
+        kill(process.processIdentifier, sig)
+        process.waitUntilExit()
+        return process.terminationReason
+    }
+}
+
+@Suite(.serialized, .timeLimit(.minutes(3))) struct DaemonProcessTests {
+    /// SIGKILLs the daemon with three downloads in flight, starts it again: every download comes
+    /// back in its state and finishes byte-exact, fetching again only what was not durable.
+    @Test func sigkillMidTransferThenRestartFinishesEveryDownloadByteExact() async throws {
+        #expect(FileManager.default.isExecutableFile(atPath: CLI.binary), "build the pickup binary first")
+        let server = try await TestServer.start()
+        let root = TempDir(), state = TempDir()
+        let bodies = (0..<4).map { Resource.bytes(count: 3_000_000, seed: UInt64(40 + $0)) }
+        for i in 0..<4 { server.set("/d/\(i).bin", Resource(body: bodies[i], bytesPerSecond: 1_000_000)) }
+
+        let first = try await ServeProcess.start(root: root, state: state)
+        for i in 0..<4 {
+            _ = try await first.client.add(APIAddRequest(url: server.url("/d/\(i).bin"), name: "f\(i).bin", paused: i == 3 ? true : nil))
+        }
+        let control = { (i: Int) in ControlFile.load(root.file("f\(i).bin.pickup-ctl"))?.durableBytes ?? 0 }
+        #expect(CLI.waitFor { (0..<3).allSatisfy { control($0) > 500_000 } }, "the downloads did not get going")
+        #expect(first.signal(SIGKILL) == .uncaughtSignal)
+        let held = (0..<3).map(control)
+        let before = (0..<4).map { server.requests("/d/\($0).bin").count }
+
+        for i in 0..<4 { server.update("/d/\(i).bin") { $0.bytesPerSecond = nil } }
+        let second = try await ServeProcess.start(root: root, state: state)
+        let restored = try await second.client.list()
+        #expect(restored.count == 4)
+        #expect(restored.first { $0.name == "f3.bin" }?.state == "paused", "a paused download stays paused")
+        try await second.waitUntil { list in list.filter { $0.state == "completed" }.count == 3 }
+        for i in 0..<3 {
+            #expect(root.read("f\(i).bin") == bodies[i], "file \(i)")
+            let resumed = server.requests("/d/\(i).bin").dropFirst(before[i])
+            #expect(resumed.first?.headers["if-range"] == "\"v1\"")
+            #expect(resumed.reduce(0) { $0 + $1.bytesSent } == bodies[i].count - Int(held[i]), "file \(i) fetched again only what was not durable")
+        }
+        #expect(server.requests("/d/3.bin").isEmpty)
+        #expect(try await second.client.list(state: "paused").count == 1)
+        #expect(second.signal(SIGTERM) == .exit)
+        await server.stop()
+    }
+
+    /// SIGTERM: every download is checkpointed, the process exits 0 and removes its address
+    /// file; the next start resumes from the checkpoint.
+    @Test func sigtermCheckpointsAndExitsCleanly() async throws {
+        let server = try await TestServer.start()
+        let root = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 4_000_000, seed: 7)
+        server.set("/t.bin", Resource(body: body, bytesPerSecond: 1_000_000))
+        let first = try await ServeProcess.start(root: root, state: state)
+        let d = try await first.client.add(APIAddRequest(url: server.url("/t.bin")))
+        try await first.waitUntil { $0.first?.bytesDone ?? 0 > 300_000 }
+        #expect(first.signal(SIGTERM) == .exit)
+        #expect(first.process.terminationStatus == 0)
+        #expect(DaemonFiles(directory: state.path).readAddress() == nil)
+        // Whatever arrived before the signal is durable: the checkpoint at shutdown covers it.
+        let held = try #require(Downloader.partialProgress(of: DownloadRequest(url: server.url("/t.bin"), destination: .directory(root.path)))).bytesHeld
+        #expect(held > 300_000)
+
+        server.update("/t.bin") { $0.bytesPerSecond = nil }
+        let second = try await ServeProcess.start(root: root, state: state)
+        try await second.waitUntil { $0.first?.state == "completed" }
+        #expect(root.read("t.bin") == body)
+        #expect(server.requests("/t.bin").last?.headers["range"]?.hasPrefix("bytes=\(held)-") == true)
+        #expect(try await second.client.download(d.id).state == "completed")
+        _ = second.signal(SIGTERM)
+        await server.stop()
+    }
+
+    /// `pickup add`, `ls`, `pause`, `resume`, `rm` against a running daemon, and their exit codes.
+    @Test func clientCommandsDriveTheDaemon() async throws {
+        let server = try await TestServer.start()
+        let root = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 2_000_000, seed: 9)
+        server.set("/c.bin", Resource(body: body, bytesPerSecond: 1_000_000))
+        let daemon = try await ServeProcess.start(root: root, state: state)
+        let s = ["--state", state.path.string]
+        let added = try CLI.output(["add", server.url("/c.bin"), "-o", "c.bin"] + s)
+        #expect(added.status == 0)
+        #expect(added.text.hasPrefix("added 1 c.bin"))
+        #expect(try CLI.run(["pause", "1"] + s, state: state.path) == 0)
+        #expect(try await daemon.client.download(1).state == "paused")
+        let listed = try CLI.output(["ls", "paused"] + s)
+        #expect(listed.status == 0)
+        #expect(listed.text.contains("paused") && listed.text.contains("c.bin"))
+        server.update("/c.bin") { $0.bytesPerSecond = nil }
+        #expect(try CLI.run(["resume", "--all"] + s, state: state.path) == 0)
+        try await daemon.waitUntil { $0.first?.state == "completed" }
+        #expect(root.read("c.bin") == body)
+        #expect(try CLI.run(["rm", "1", "--delete-file"] + s, state: state.path) == 0)
+        #expect(root.read("c.bin") == nil)
+        // Refused by the daemon: 2; no such download: 2; bad usage: 2.
+        #expect(try CLI.run(["add", "ftp://x/y"] + s, state: state.path) == 2)
+        #expect(try CLI.run(["pause", "42"] + s, state: state.path) == 2)
+        #expect(try CLI.run(["pause"] + s, state: state.path) == 2)
+        _ = daemon.signal(SIGTERM)
+        // No daemon: 3.
+        #expect(try CLI.run(["ls"] + s, state: state.path) == 3)
+        await server.stop()
+    }
+}
+
+extension CLI {
+    /// Runs `pickup` and returns its exit status and standard output.
+    static func output(_ args: [String]) throws -> (status: Int32, text: String) {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: binary)
+        p.arguments = args
+        let pipe = Pipe()
+        p.standardOutput = pipe
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return (p.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+}
