@@ -26,6 +26,18 @@ function formatDuration(s) {
   return s + "s";
 }
 
+// Until the server has named the file: the URL's last path segment.
+function displayName(d) {
+  if (d.name) return d.name;
+  try {
+    const u = new URL(d.url);
+    const parts = u.pathname.split("/").filter(Boolean);
+    return parts.length ? decodeURIComponent(parts[parts.length - 1]) : u.host;
+  } catch (e) {
+    return d.url;
+  }
+}
+
 async function call(method, path, body) {
   const headers = { "Authorization": "Bearer " + token };
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -164,7 +176,7 @@ function draw() {
 
 function drawItem(li, d) {
   li.className = "item " + d.state;
-  li.querySelector(".name").textContent = d.name || d.url;
+  li.querySelector(".name").textContent = displayName(d);
   li.querySelector(".name").title = d.url;
   const state = li.querySelector(".state");
   state.textContent = d.state;
