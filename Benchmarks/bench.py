@@ -12,7 +12,8 @@ Cases: throttled, single, multi, skewed (one file); batch (400 files of 64 KiB, 
 `pickup get -i` against `aria2c -i -j16` and `wget -i`); queue (10,000 queued downloads in the
 DownloadManager: adding, listing, restoring; no network).
 """
-import argparse, hashlib, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, \
+    threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1024 * 1024
@@ -42,6 +43,7 @@ http {{
         root {site};
         location /throttled/ {{ alias {site}/; limit_rate 20m; }}
         location /skewed/ {{ alias {site}/; limit_rate $skew_rate; }}
+        location /slow/ {{ alias {site}/; limit_rate 128k; }}
     }}
 }}
 """
@@ -91,7 +93,7 @@ def tools(pickup, conns, url, out):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--cases", default="throttled,single,multi,skewed,batch,queue")
+    ap.add_argument("--cases", default="throttled,single,multi,skewed,batch,queue,daemon")
     ap.add_argument("--pickup", default=os.path.join(ROOT, ".build/release/pickup"))
     args = ap.parse_args()
     if not os.path.exists(args.pickup):
@@ -102,6 +104,8 @@ def main():
     os.makedirs(site), os.makedirs(outdir)
     wanted = args.cases.split(",")
     sizes = {}
+    if "daemon" in wanted:
+        sizes["64m.bin"] = 64 * MiB
     if {"throttled", "skewed"} & set(wanted):
         sizes["256m.bin"] = 256 * MiB
     if {"single", "multi"} & set(wanted):
@@ -134,6 +138,9 @@ def main():
                 continue
             if key == "queue":
                 queue_case(args)
+                continue
+            if key == "daemon":
+                daemon_case(args, work, outdir, base_url)
                 continue
             title, path, conns, ideal = cases[key]
             name = os.path.basename(path)
@@ -217,6 +224,94 @@ def queue_case(args):
     print("\n### 10,000 queued downloads in the DownloadManager (SQLite in a temporary directory)")
     sys.stdout.flush()
     subprocess.run([bench, "10000"], check=True)
+
+
+def percentile(samples, p):
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def daemon_case(args, work, outdir, base_url, count=10_000, running=16):
+    """`pickup serve` with 10,000 queued downloads, 16 of them transferring (nginx at 128 KiB/s each)
+    and a client following the event stream: API latency, measured from a second process."""
+    state = os.path.join(work, "daemon-state")
+    proc = subprocess.Popen([args.pickup, "serve", "--listen", "127.0.0.1:0", "-d", outdir, "--state", state,
+                             "-j", str(running), "-x", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        address = os.path.join(state, "daemon.json")
+        for _ in range(400):
+            if os.path.exists(address):
+                break
+            time.sleep(0.05)
+        url = json.load(open(address))["url"]
+        token = open(os.path.join(state, "token")).read().strip()
+        host, port = url[len("http://"):].rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port))
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+        def call(method, path, body=None):
+            start = time.perf_counter()
+            conn.request(method, "/api/v1" + path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            elapsed = time.perf_counter() - start
+            if response.status >= 300:
+                raise SystemExit(f"{method} {path}: {response.status} {data[:200]}")
+            return elapsed, data
+
+        added = [call("POST", "/downloads", json.dumps({"url": f"{base_url}/slow/64m.bin?n={i}", "name": f"d/{i}.bin"}))[0]
+                 for i in range(count)]
+        for _ in range(400):
+            if len(json.loads(call("GET", "/downloads?state=running")[1])) == running:
+                break
+            time.sleep(0.05)
+
+        # A watcher on the event stream while the API is measured.
+        events = {"n": 0}
+        def follow():
+            c = http.client.HTTPConnection(host, int(port))
+            c.request("GET", "/api/v1/events", headers=headers)
+            r = c.getresponse()
+            while True:
+                line = r.fp.readline()
+                if not line:
+                    return
+                if line.startswith(b"event:"):
+                    events["n"] += 1
+        threading.Thread(target=follow, daemon=True).start()
+
+        one = [call("GET", f"/downloads/{random.randint(1, count)}")[0] for _ in range(3000)]
+        page = [call("GET", "/downloads?limit=100")[0] for _ in range(300)]
+        run_list = [call("GET", "/downloads?state=running")[0] for _ in range(300)]
+        full = []
+        for _ in range(60):
+            elapsed, data = call("GET", "/downloads")
+            full.append(elapsed)
+        size = len(data)
+        listed = len(json.loads(data))
+        states = json.loads(call("GET", "/downloads?state=running")[1])
+        rss = 0
+        for line in open(f"/proc/{proc.pid}/status"):
+            if line.startswith("VmHWM:"):
+                rss = int(line.split()[1]) / 1024
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        stopped = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(f"\n### daemon: {count:,} queued downloads, {len(states)} transferring, a client on the event stream "
+          f"({events['n']} events seen while measuring)")
+    print("| request | n | p50 ms | p99 ms | max ms |")
+    print("|---|---:|---:|---:|---:|")
+    for title, samples in [("POST /downloads (adding the 10,000)", added), ("GET /downloads/{id}", one),
+                           ("GET /downloads?limit=100", page), ("GET /downloads?state=running", run_list),
+                           (f"GET /downloads (all {listed:,}, {size / MiB:.1f} MiB of JSON)", full)]:
+        print(f"| {title} | {len(samples)} | {percentile(samples, 50) * 1000:.2f} | {percentile(samples, 99) * 1000:.2f} "
+              f"| {max(samples) * 1000:.2f} |")
+    print(f"daemon peak RSS {rss:.0f} MiB; SIGTERM to exit {stopped:.2f} s (exit {code})")
 
 
 if __name__ == "__main__":

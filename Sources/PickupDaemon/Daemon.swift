@@ -50,8 +50,8 @@ public final class Daemon: Sendable {
     let configuration: DaemonConfiguration
     let files: DaemonFiles
     let settingsLock = NIOLock()
-    /// The port actually bound, once listening.
-    let boundPort = NIOLockedValueBox<Int?>(nil)
+    /// What `Host` may say once listening: the daemon's own addresses with the bound port.
+    let authorities = NIOLockedValueBox<Set<String>>([])
     /// The running service group, to stop it as a signal would.
     let group = NIOLockedValueBox<ServiceGroup?>(nil)
 
@@ -97,7 +97,8 @@ public final class Daemon: Sendable {
             configuration: .init(address: .hostname(host, port: configuration.port), serverName: nil),
             onServerRunning: { [self] channel in
                 let port = channel.localAddress?.port ?? configuration.port
-                boundPort.withLockedValue { $0 = port }
+                let allowed = allowedAuthorities(port: port)
+                authorities.withLockedValue { $0 = allowed }
                 let url = "http://\(Self.urlHost(host)):\(port)"
                 files.writeAddress(url)
                 await onListening(url)
@@ -138,8 +139,7 @@ public final class Daemon: Sendable {
     }
 
     /// Host names a request may carry in `Host` (and `Origin`): the daemon's own address only.
-    func allowedAuthorities() -> Set<String> {
-        guard let port = boundPort.withLockedValue({ $0 }) else { return [] }
+    func allowedAuthorities(port: Int) -> Set<String> {
         var hosts: Set<String> = ["127.0.0.1", "localhost", "[::1]", Self.urlHost(configuration.host)]
         if configuration.host == "0.0.0.0" || configuration.host == "::" {
             // Listening everywhere: the machine's own name is its address too.

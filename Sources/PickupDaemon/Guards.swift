@@ -44,9 +44,12 @@ enum JSON {
     }()
 
     static func response(_ value: some Encodable, status: HTTPResponse.Status = .ok) -> Response {
-        let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
-        return Response(status: status, headers: [.contentType: "application/json", .cacheControl: "no-store"],
-                        body: ResponseBody(byteBuffer: ByteBuffer(bytes: data)))
+        response(bytes: (try? encoder.encode(value)) ?? Data("{}".utf8), status: status)
+    }
+
+    static func response(bytes: some Sequence<UInt8>, status: HTTPResponse.Status = .ok) -> Response {
+        Response(status: status, headers: [.contentType: "application/json", .cacheControl: "no-store"],
+                 body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
     }
 
     /// Decodes a request body of at most 64 KiB, with a readable reason when it is wrong.
@@ -112,7 +115,7 @@ struct OriginGuard<Context: Hummingbird.RequestContext>: RouterMiddleware {
     let daemon: Daemon
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        let allowed = daemon.allowedAuthorities()
+        let allowed = daemon.authorities.withLockedValue { $0 }
         guard let host = request.head.authority?.lowercased(), allowed.contains(host) else {
             throw APIError(status: .forbidden, code: "forbidden_host", message: "this Host is not the daemon's address")
         }

@@ -84,10 +84,9 @@ struct Routes {
         }
         let offset = try number(request, "offset") ?? 0
         let limit = try number(request, "limit")
-        let all = await manager.downloads(in: state)
-        let page = all.dropFirst(offset).prefix(limit ?? Int.max)
+        let page = await manager.downloads(in: state, offset: offset, limit: limit)
         let root = daemon.root
-        return JSON.response(page.map { APIDownload($0, root: root) })
+        return JSON.response(bytes: APIDownload.json(page.lazy.map { APIDownload($0, root: root) }))
     }
 
     private func download(_ context: BasicRequestContext) async throws -> APIDownload {
@@ -148,7 +147,12 @@ struct Routes {
         }
         switch event {
         case .snapshot(let all, let totals):
-            return data("snapshot", APISnapshot(downloads: all.map { APIDownload($0, root: root) }, totals: APITotals(totals)))
+            // Written by hand: a snapshot can hold thousands of downloads.
+            var bytes = Array("event: snapshot\ndata: {\"downloads\":".utf8)
+            bytes += APIDownload.json(all.lazy.map { APIDownload($0, root: root) })
+            bytes += Array(",\"totals\":".utf8) + ((try? JSON.encoder.encode(APITotals(totals))).map(Array.init) ?? Array("{}".utf8))
+            bytes += Array("}\n\n".utf8)
+            return ByteBuffer(bytes: bytes)
         case .added(let info): return data("added", APIDownload(info, root: root))
         case .changed(let info): return data("changed", APIDownload(info, root: root))
         case .progress(let id, let p): return data("progress", APIProgress(id, p))

@@ -119,6 +119,17 @@ struct IDOrAll: ParsableArguments {
     func validate() throws {
         if (id == nil) == !all { throw ValidationError("give an id or --all") }
     }
+
+    /// Does `one` to the download named, or `all`, and prints the one download as it is then.
+    func apply(_ state: DaemonState, one: @escaping (DaemonClient, Int64) async throws -> APIDownload,
+               all: @escaping (DaemonClient) async throws -> Void) async throws {
+        let client = try Remote.client(state)
+        if let id {
+            print(Remote.row(try await Remote.call { try await one(client, id) }))
+        } else {
+            try await Remote.call { try await all(client) }
+        }
+    }
 }
 
 struct Pause: AsyncParsableCommand {
@@ -127,12 +138,7 @@ struct Pause: AsyncParsableCommand {
     @OptionGroup var daemonState: DaemonState
 
     func run() async throws {
-        let client = try Remote.client(daemonState)
-        if let id = target.id {
-            print(Remote.row(try await Remote.call { try await client.pause(id) }))
-        } else {
-            try await Remote.call { try await client.pauseAll() }
-        }
+        try await target.apply(daemonState, one: { try await $0.pause($1) }, all: { try await $0.pauseAll() })
     }
 }
 
@@ -142,12 +148,7 @@ struct Resume: AsyncParsableCommand {
     @OptionGroup var daemonState: DaemonState
 
     func run() async throws {
-        let client = try Remote.client(daemonState)
-        if let id = target.id {
-            print(Remote.row(try await Remote.call { try await client.resume(id) }))
-        } else {
-            try await Remote.call { try await client.resumeAll() }
-        }
+        try await target.apply(daemonState, one: { try await $0.resume($1) }, all: { try await $0.resumeAll() })
     }
 }
 

@@ -2,7 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
-import PickupDaemon
+@testable import PickupDaemon
 import SystemPackage
 import Testing
 import TestServer
@@ -232,6 +232,33 @@ final class DaemonFixture: @unchecked Sendable {
         #expect(try await f.api(.PATCH, "/settings", body: #"{"speedLimit":null}"#).status == 200)
         #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: nil))
         await f.close()
+    }
+
+    /// The hand-written JSON of lists says what JSONEncoder would.
+    @Test func handWrittenListJSONDecodesLikeTheEncoders() throws {
+        let root = FilePath("/data")
+        let full = DownloadInfo(
+            id: DownloadID(rawValue: 7), url: "http://x/a?\"q\"=\\&t=\u{1}\n\u{7F}é🙂", destination: .file("/data/sub/ä \"b\".bin"),
+            state: .failed, priority: -3,
+            progress: DownloadProgress(bytesDone: 123, totalBytes: 1_000_000_000_000, bytesPerSecond: 1234.5678),
+            path: nil, failure: DownloadFailure(category: .server, reason: "HTTP 404 \"Not Found\"\t"),
+            speedLimit: 500_000, checksum: ExpectedDigest(checksumArgument: "md5=" + String(repeating: "ab", count: 16)),
+            overwrite: false, connections: 4, addedAt: Date(timeIntervalSince1970: 1_795_383_783.710125),
+            finishedAt: Date(timeIntervalSince1970: 1e-5))
+        var bare = full
+        bare.destination = .directory("/data")
+        bare.failure = nil
+        bare.speedLimit = nil
+        bare.checksum = nil
+        bare.connections = nil
+        bare.finishedAt = nil
+        bare.progress = DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0)
+        let items = [full, bare].map { APIDownload($0, root: root) }
+        let mine = try JSONDecoder().decode([APIDownload].self, from: Data(APIDownload.json(items)))
+        let theirs = try JSONDecoder().decode([APIDownload].self, from: try JSONEncoder().encode(items))
+        #expect(mine == theirs)
+        #expect(mine == items)
+        #expect(try JSONSerialization.jsonObject(with: Data(APIDownload.json(items))) is [Any])
     }
 
     @Test func aSecondDaemonOnTheSameStateIsRefused() async throws {

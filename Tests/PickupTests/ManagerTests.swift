@@ -171,7 +171,8 @@ extension DownloadManager {
 
     @Test func restartingTheManagerMidDownloadResumesItAndPausedOnesStayPaused() async throws {
         let f = try await ManagerFixture()
-        let bodies = f.serveFiles(2, size: 3_000_000, rate: 1_500_000)
+        // Slow enough that it cannot finish before the shutdown, even on a loaded machine.
+        let bodies = f.serveFiles(2, size: 3_000_000, rate: 400_000)
         let first = try f.manager()
         let running = try await first.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
         let paused = try await first.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path), paused: true)
@@ -179,6 +180,7 @@ extension DownloadManager {
         // A second manager on the same state directory is refused while the first one lives.
         #expect(throws: PickupError.self) { try f.manager() }
         await first.shutdown()
+        f.server.update("/f/0.bin") { $0.bytesPerSecond = nil }
 
         let second = try f.manager()
         let restored = await second.download(paused)

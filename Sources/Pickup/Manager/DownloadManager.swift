@@ -414,10 +414,14 @@ public actor DownloadManager {
         infos.values.filter { $0.url == url }.sorted { $0.id < $1.id }
     }
 
-    /// Every download, or those in one state; waiting ones in the order they will start, others by id.
-    public func downloads(in state: DownloadState? = nil) -> [DownloadInfo] {
-        if state == .waiting { return queue.waiting.compactMap { infos[$0] } }
-        return infos.values.filter { state == nil || $0.state == state }.sorted { $0.id < $1.id }
+    /// Every download, or those in one state; waiting ones in the order they will start, others by
+    /// id. `offset` and `limit` take a page of that list (only the page is copied).
+    public func downloads(in state: DownloadState? = nil, offset: Int = 0, limit: Int? = nil) -> [DownloadInfo] {
+        let ids: [DownloadID] =
+            if state == .waiting { queue.waiting }
+            else if let state { infos.compactMap { $0.value.state == state ? $0.key : nil }.sorted() }
+            else { infos.keys.sorted() }
+        return ids.dropFirst(max(0, offset)).prefix(max(0, limit ?? Int.max)).compactMap { infos[$0] }
     }
 
     /// Whether a download of this URL has completed and its file is still there, whole.
