@@ -123,6 +123,16 @@ struct ServeProcess {
         server.set("/c.bin", Resource(body: body, bytesPerSecond: 1_000_000))
         let daemon = try await ServeProcess.start(root: root, state: state)
         let s = ["--state", state.path.string]
+        // `pickup watch` on a pipe: a line per change, from the snapshot on.
+        let watchLog = state.file("watch.log")
+        FileManager.default.createFile(atPath: watchLog.string, contents: nil)
+        let watch = Process()
+        watch.executableURL = URL(fileURLWithPath: CLI.binary)
+        watch.arguments = ["watch"] + s
+        watch.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: watchLog.string))
+        watch.standardError = FileHandle.nullDevice
+        try watch.run()
+        let watched = { String(decoding: FileManager.default.contents(atPath: watchLog.string) ?? Data(), as: UTF8.self) }
         let added = try CLI.output(["add", server.url("/c.bin"), "-o", "c.bin"] + s)
         #expect(added.status == 0)
         #expect(added.text.hasPrefix("added 1 c.bin"))
@@ -135,7 +145,12 @@ struct ServeProcess {
         #expect(try CLI.run(["resume", "--all"] + s, state: state.path) == 0)
         try await daemon.waitUntil { $0.first?.state == "completed" }
         #expect(root.read("c.bin") == body)
+        #expect(CLI.waitFor { watched().contains("completed") }, "watch showed: \(watched())")
+        #expect(watched().contains("paused"))
         #expect(try CLI.run(["rm", "1", "--delete-file"] + s, state: state.path) == 0)
+        #expect(CLI.waitFor { watched().contains("removed 1") })
+        kill(watch.processIdentifier, SIGKILL)
+        watch.waitUntilExit()
         #expect(root.read("c.bin") == nil)
         // Refused by the daemon: 2; no such download: 2; bad usage: 2.
         #expect(try CLI.run(["add", "ftp://x/y"] + s, state: state.path) == 2)
