@@ -47,7 +47,9 @@ extension FileDownload {
             cursors = [:]
             scheduler = nil
             if record.target == nil { try chooseTarget(head: nil) }
-            try ControlFile.store(record, at: controlPath)
+            // Recorded as complete before verifying (a kill then costs a verification, not the
+            // bytes), unless no control file was ever needed (it all took less than a checkpoint).
+            if controlOnDisk { try saveRecord() }
             return (size, record)
         }
         var verified: ExpectedDigest? = nil
@@ -70,7 +72,7 @@ extension FileDownload {
             completion.name = target.lastComponent?.string ?? ""
             store.attach(completion, to: file)
         }
-        ControlFile.remove(controlPath)
+        if lock.withLock({ controlOnDisk }) { ControlFile.remove(controlPath) }
         FS.syncDirectory(directory)
         completion.mtime = FS.mtime(target) ?? 0
         store.index(completion, directory: directory)

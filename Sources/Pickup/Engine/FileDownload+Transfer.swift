@@ -358,7 +358,7 @@ extension FileDownload {
                 }
                 if first || context.conditional {
                     if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                    try ControlFile.store(record, at: controlPath)
+                    try saveRecordSoon()
                 }
                 return (cursor, at, end)
             case .replace(let total, let validators):
@@ -379,7 +379,7 @@ extension FileDownload {
                 let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total)
                 cursors = [0: fresh]
                 if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                try ControlFile.store(record, at: controlPath)
+                try saveRecordSoon()
                 return (fresh, 0, total)
             default:
                 return nil

@@ -39,6 +39,10 @@ final class FileDownload: @unchecked Sendable {
     /// Bytes held at the start that were kept (zero once they had to be discarded).
     var keptFromStart: Int64 = 0
     var unchanged: (FilePath, CompletionRecord)?
+    /// Whether a control file of this download is on disk (loaded, or written by this run).
+    var controlOnDisk = false
+    /// Whether the record changed since it was last written.
+    var controlDirty = false
 
     init(request: DownloadRequest, options: DownloadOptions, transport: any Transport,
          onEvent: @escaping @Sendable (DownloadEvent) -> Void) throws(PickupError) {
@@ -136,10 +140,13 @@ final class FileDownload: @unchecked Sendable {
 
     /// Loads a trustworthy control file for this URL; returns whether there is something to resume.
     func loadControlFile() -> Bool {
-        let exists = FS.exists(controlPath) || (FS.size(partialPath) ?? 0) > 0
+        let controlExists = FS.exists(controlPath)
+        let exists = controlExists || (FS.size(partialPath) ?? 0) > 0
         guard let rec = ControlFile.load(controlPath) else {
             if exists {
-                onEvent(.notice("the partial download's control file is missing or damaged; starting over"))
+                onEvent(.notice(controlExists
+                    ? "the partial download's control file is damaged; starting over"
+                    : "the partial download ended before its first checkpoint; starting over"))
                 discardAll()
             }
             return false
@@ -159,6 +166,7 @@ final class FileDownload: @unchecked Sendable {
             return false
         }
         record = rec
+        controlOnDisk = true
         scheduler = rec.totalLength.map { makeScheduler(total: $0, claiming: nil) }
         if held > 0 {
             let total = rec.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
@@ -172,6 +180,7 @@ final class FileDownload: @unchecked Sendable {
     /// (unlinking it would leave this run writing to a file with no name).
     func discardAll() {
         ControlFile.remove(controlPath)
+        controlOnDisk = false
         if let file { try? file.truncate(to: 0) } else { FS.remove(partialPath) }
     }
 
@@ -186,8 +195,27 @@ final class FileDownload: @unchecked Sendable {
             record.totalLength = nil
             record.serverDigest = nil
             record.segments = [SegmentRecord(start: 0, end: nil, done: 0)]
-            try ControlFile.store(record, at: controlPath)
+            try saveRecordSoon()
         }
+    }
+
+    /// Writes the control file now. Called with `lock` held.
+    func saveRecord() throws {
+        try ControlFile.store(record, at: controlPath)
+        controlOnDisk = true
+        controlDirty = false
+    }
+
+    /// Files up to this length get their first control file at the first checkpoint, not at the
+    /// first response: most end before it and never write one. Larger files write it at once, so
+    /// that it exists before the disk can fill (then it is rewritten in place, keeping the bytes).
+    static let smallFile: Int64 = 1 << 20
+
+    /// Writes the control file now if one is on disk (it must never contradict the bytes) or the
+    /// file is not small; else at the first checkpoint (a kill before then loses at most that
+    /// interval, as any kill does). Called with `lock` held.
+    func saveRecordSoon() throws {
+        if controlOnDisk || (record.totalLength ?? .max) > Self.smallFile { try saveRecord() } else { controlDirty = true }
     }
 
     // MARK: - Checkpoints and progress
@@ -204,13 +232,13 @@ final class FileDownload: @unchecked Sendable {
         try lock.withLock {
             guard let file else { return }
             let written = cursors.filter { record.segments.indices.contains($0.key) }.mapValues { $0.written }
-            guard written.contains(where: { $0.value > record.segments[$0.key].done }) else { return }
+            guard controlDirty || written.contains(where: { $0.value > record.segments[$0.key].done }) else { return }
             try file.sync()
             for (i, w) in written where w > record.segments[i].done {
                 record.segments[i].done = w
                 scheduler?.report(i, done: w)
             }
-            try ControlFile.store(record, at: controlPath)
+            try saveRecord()
         }
     }
 
