@@ -63,19 +63,21 @@ extension FileDownload {
             verified = expected
         }
         var target = FilePath(rec.target!)
+        // The modification time is final now (neither the attribute nor the rename changes it), so
+        // one encoding serves the attribute and the index.
         var completion = CompletionRecord(url: request.url, name: target.lastComponent?.string ?? "",
-                                          validators: rec.validators, length: size, mtime: 0, digest: verified)
-        store.attach(completion, to: file)
+                                          validators: rec.validators, length: size, mtime: FS.mtime(file.fd) ?? 0,
+                                          digest: verified)
+        var encoded = store.attach(completion, to: file)
         while !(try place(at: target)) {
             // Something appeared at the target since we chose it: never replace it.
             target = freePath(for: target.lastComponent?.string ?? "download")
             completion.name = target.lastComponent?.string ?? ""
-            store.attach(completion, to: file)
+            encoded = store.attach(completion, to: file)
         }
         if lock.withLock({ controlOnDisk }) { ControlFile.remove(controlPath) }
         FS.syncDirectory(directory)
-        completion.mtime = FS.mtime(target) ?? 0
-        store.index(completion, directory: directory)
+        if let encoded { store.index(encoded, url: completion.url, directory: directory) }
         return (target, size)
     }
 

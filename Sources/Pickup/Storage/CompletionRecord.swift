@@ -50,17 +50,22 @@ public struct CompletionStore: Sendable {
         return stateDirectory.appending("completed").appending("\(key).json")
     }
 
-    /// Attaches the record to the open file (before its rename), where extended attributes exist.
-    func attach(_ record: CompletionRecord, to file: PartialFile) {
-        guard let data = try? JSONEncoder().encode(record) else { return }
+    static let encoder = JSONEncoder()
+
+    /// Attaches the record to the open file (before its rename), where extended attributes exist;
+    /// returns its encoding, for ``index(_:url:directory:)``.
+    @discardableResult
+    func attach(_ record: CompletionRecord, to file: PartialFile) -> Data? {
+        guard let data = try? Self.encoder.encode(record) else { return nil }
         _ = data.withUnsafeBytes { pickup_fsetxattr(file.fd.rawValue, Self.attribute, $0.baseAddress, $0.count) }
+        return data
     }
 
-    /// Records the finished file in the state directory (best effort: the file itself is done).
-    func index(_ record: CompletionRecord, directory: FilePath) {
-        let path = indexPath(directory: directory, url: record.url)
+    /// Records the finished file (its encoded record) in the state directory (best effort: the file
+    /// itself is done).
+    func index(_ data: Data, url: String, directory: FilePath) {
+        let path = indexPath(directory: directory, url: url)
         try? FS.makeDirectories(path.removingLastComponent())
-        guard let data = try? JSONEncoder().encode(record) else { return }
         // Written and renamed, not fsynced: the finished file carries its own record (an extended
         // attribute) and a lost index entry only costs a conditional request later.
         let tmp = FilePath(path.string + ".tmp")

@@ -117,6 +117,17 @@ enum FS {
     static func mtime(_ path: FilePath) -> Int64? {
         var st = stat()
         guard stat(path.string, &st) == 0 else { return nil }
+        return mtime(st)
+    }
+
+    /// Modification time of an open file in nanoseconds since the epoch.
+    static func mtime(_ fd: FileDescriptor) -> Int64? {
+        var st = stat()
+        guard fstat(fd.rawValue, &st) == 0 else { return nil }
+        return mtime(st)
+    }
+
+    private static func mtime(_ st: stat) -> Int64 {
         #if canImport(Darwin)
         return Int64(st.st_mtimespec.tv_sec) * 1_000_000_000 + Int64(st.st_mtimespec.tv_nsec)
         #else
