@@ -79,8 +79,10 @@ public struct DaemonClient: Sendable {
                         for event in parser.feed(buffer.readableBytesView) { continuation.yield(event) }
                     }
                     continuation.finish()
+                } catch let e as DaemonClientError {
+                    continuation.finish(throwing: e)
                 } catch {
-                    continuation.finish(throwing: error)
+                    continuation.finish(throwing: DaemonClientError.unreachable("\(baseURL): \(error)"))
                 }
             }
             continuation.onTermination = { _ in task.cancel() }

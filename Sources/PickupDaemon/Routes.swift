@@ -127,7 +127,8 @@ struct Routes {
     /// Server-Sent Events: a `snapshot` first, then `added`, `changed`, `progress`, `totals`,
     /// `notice` and `removed` as they happen, until the client leaves or the daemon stops.
     private func events() async -> Response {
-        let stream = await manager.events()
+        // A client that stops reading is cut off after this many events; it reconnects for a snapshot.
+        let stream = await manager.events(backlog: 20_000)
         let root = daemon.root
         let body = ResponseBody { writer in
             // A comment at once, so that the client knows the stream is open.

@@ -177,14 +177,22 @@ struct Watch: AsyncParsableCommand {
         var totals: APITotals?
         var lastDraw = Date.distantPast
         let decoder = JSONDecoder()
-        try await Remote.call {
+        // The daemon ends the stream of a client that falls far behind: follow it again (a fresh
+        // snapshot) for as long as the daemon answers.
+        repeat {
+            try await Remote.call { try await follow() }
+        } while (try? await client.settings()) != nil
+        Remote.say("pickup: the daemon stopped")
+
+        func follow() async throws {
             for try await (event, data) in client.events() {
                 switch event {
                 case "snapshot":
                     let s = try decoder.decode(APISnapshot.self, from: data)
+                    let before = downloads
                     downloads = Dictionary(uniqueKeysWithValues: s.downloads.map { ($0.id, $0) })
                     totals = s.totals
-                    if !tty { for d in s.downloads { Remote.say(Remote.row(d)) } }
+                    if !tty { for d in s.downloads where before[d.id]?.state != d.state { Remote.say(Remote.row(d)) } }
                 case "added", "changed":
                     let d = try decoder.decode(APIDownload.self, from: data)
                     let before = downloads[d.id]?.state
@@ -216,6 +224,5 @@ struct Watch: AsyncParsableCommand {
                 Remote.say(screen, terminator: "")
             }
         }
-        Remote.say("pickup: the daemon stopped")
     }
 }

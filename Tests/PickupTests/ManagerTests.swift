@@ -196,6 +196,30 @@ extension DownloadManager {
         await f.close()
     }
 
+    /// An observer that stops reading is cut off once it is `backlog` events behind, rather than
+    /// growing the manager's memory; it never sees a gap, and a new observation starts afresh.
+    @Test func aStalledObserverIsEndedNotLeftToGrow() async throws {
+        let f = try await ManagerFixture()
+        let m = try f.manager(autoStart: false)
+        let stalled = await m.events(backlog: 3)
+        for i in 0..<5 { try await m.add(f.server.url("/x/\(i).bin"), to: .directory(f.dir.path), paused: true) }
+        var seen: [String] = []
+        for await e in stalled {
+            switch e {
+            case .snapshot: seen.append("snapshot")
+            case .added(let info): seen.append("added \(info.id)")
+            default: seen.append("other")
+            }
+        }
+        // The snapshot and the first two additions, in order, then the end.
+        #expect(seen == ["snapshot", "added 1", "added 2"])
+        var fresh = await m.events().makeAsyncIterator()
+        guard case .snapshot(let all, _)? = await fresh.next() else { Issue.record("no snapshot"); return }
+        #expect(all.count == 5)
+        await m.shutdown()
+        await f.close()
+    }
+
     @Test func sameURLAndDestinationIsOneDownload() async throws {
         let f = try await ManagerFixture()
         let body = f.serveFiles(1, size: 50_000)[0]

@@ -43,7 +43,13 @@ extension DownloadManager {
     }
 
     func emit(_ event: ManagerEvent) {
-        for o in observers.values { o.yield(event) }
+        for (key, o) in observers {
+            if case .dropped = o.yield(event) {
+                // Too far behind: end its sequence rather than let it miss an event.
+                observers[key] = nil
+                o.finish()
+            }
+        }
     }
 
     func emitChanged(_ id: DownloadID) {

@@ -442,8 +442,13 @@ public actor DownloadManager {
     /// happens, in order, until the observer stops iterating or the manager shuts down. Any number
     /// of observers may come and go; each sees a consistent picture (the snapshot and the changes
     /// after it are taken in one step).
-    public func events() -> AsyncStream<ManagerEvent> {
-        let (stream, continuation) = AsyncStream<ManagerEvent>.makeStream(bufferingPolicy: .unbounded)
+    ///
+    /// With `backlog`, an observer that falls that many events behind (a stalled network client)
+    /// has its sequence ended instead of growing the manager's memory without bound: it never sees
+    /// a gap, and can observe again to get a fresh snapshot.
+    public func events(backlog: Int? = nil) -> AsyncStream<ManagerEvent> {
+        let policy: AsyncStream<ManagerEvent>.Continuation.BufferingPolicy = backlog.map { .bufferingOldest(max(1, $0)) } ?? .unbounded
+        let (stream, continuation) = AsyncStream<ManagerEvent>.makeStream(bufferingPolicy: policy)
         continuation.yield(.snapshot(downloads(), computeTotals()))
         if isShutDown {
             continuation.finish()
