@@ -72,7 +72,7 @@ public struct DaemonClient: Sendable {
         AsyncThrowingStream { continuation in
             let task = Task {
                 do {
-                    let response = try await HTTPClient.shared.execute(request(.GET, "/events"), timeout: .hours(24 * 365))
+                    let response = try await Self.streaming.execute(request(.GET, "/events"), timeout: .hours(24 * 365))
                     guard response.status == .ok else { throw try await failure(response) }
                     var parser = SSEParser()
                     for try await buffer in response.body {
@@ -90,6 +90,13 @@ public struct DaemonClient: Sendable {
     }
 
     // MARK: - Plumbing
+
+    /// A client without a read timeout, for the event stream, which may stay quiet for as long as
+    /// nothing changes (the shared client gives up after 90 s without a byte). Lives as long as
+    /// the process.
+    static let streaming = HTTPClient(
+        eventLoopGroupProvider: .singleton,
+        configuration: HTTPClient.Configuration(timeout: .init(connect: .seconds(10), read: nil)))
 
     func request(_ method: HTTPMethod, _ path: String, body: (any Encodable)? = nil) throws -> HTTPClientRequest {
         var r = HTTPClientRequest(url: baseURL + "/api/v1" + path)

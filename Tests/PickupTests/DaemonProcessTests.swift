@@ -58,7 +58,7 @@ struct ServeProcess {
         let server = try await TestServer.start()
         let root = TempDir(), state = TempDir()
         let bodies = (0..<4).map { Resource.bytes(count: 3_000_000, seed: UInt64(40 + $0)) }
-        for i in 0..<4 { server.set("/d/\(i).bin", Resource(body: bodies[i], bytesPerSecond: 1_000_000)) }
+        for i in 0..<4 { server.set("/d/\(i).bin", Resource(body: bodies[i], bytesPerSecond: 500_000)) }
 
         let first = try await ServeProcess.start(root: root, state: state)
         for i in 0..<4 {
@@ -94,7 +94,7 @@ struct ServeProcess {
         let server = try await TestServer.start()
         let root = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 4_000_000, seed: 7)
-        server.set("/t.bin", Resource(body: body, bytesPerSecond: 1_000_000))
+        server.set("/t.bin", Resource(body: body, bytesPerSecond: 500_000))
         let first = try await ServeProcess.start(root: root, state: state)
         let d = try await first.client.add(APIAddRequest(url: server.url("/t.bin")))
         try await first.waitUntil { $0.first?.bytesDone ?? 0 > 300_000 }
@@ -120,7 +120,7 @@ struct ServeProcess {
         let server = try await TestServer.start()
         let root = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 2_000_000, seed: 9)
-        server.set("/c.bin", Resource(body: body, bytesPerSecond: 1_000_000))
+        server.set("/c.bin", Resource(body: body, bytesPerSecond: 300_000))
         let daemon = try await ServeProcess.start(root: root, state: state)
         let s = ["--state", state.path.string]
         // `pickup watch` on a pipe: a line per change, from the snapshot on.

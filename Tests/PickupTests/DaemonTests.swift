@@ -102,7 +102,7 @@ final class DaemonFixture: @unchecked Sendable {
         let fast = Resource.bytes(count: 300_000, seed: 1)
         let slow = Resource.bytes(count: 3_000_000, seed: 2)
         f.server.set("/fast.bin", Resource(body: fast))
-        f.server.set("/slow.bin", Resource(body: slow, bytesPerSecond: 1_000_000))
+        f.server.set("/slow.bin", Resource(body: slow, bytesPerSecond: 400_000))
         let a = try await f.client.add(APIAddRequest(url: f.server.url("/fast.bin")))
         let b = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin"), name: "sub/slow copy.bin", priority: 5))
         #expect(b.name == "sub/slow copy.bin")
@@ -144,7 +144,7 @@ final class DaemonFixture: @unchecked Sendable {
         #expect(noToken.body == #"{"error":{"code":"unauthorized","message":"a valid bearer token is required"}}"#
             || noToken.body.contains("\"unauthorized\""))
         #expect(!noToken.body.contains("\"id\""))
-        #expect(try await f.raw(.GET, "/api/v1/downloads", token: "0" + f.daemon.token.dropFirst()).status == 401)
+        #expect(try await f.raw(.GET, "/api/v1/downloads", token: (f.daemon.token.first == "0" ? "1" : "0") + f.daemon.token.dropFirst()).status == 401)
         #expect(try await f.raw(.GET, "/api/v1/downloads", token: f.daemon.token + "0").status == 401)
         #expect(try await f.raw(.GET, "/api/v1/downloads", token: f.daemon.token).status == 200)
         // DNS rebinding: the right address under another name.

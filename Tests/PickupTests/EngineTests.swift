@@ -327,7 +327,7 @@ import TestServer
 
     @Test func cancellationCheckpointsAndTheNextRunResumes() async throws {
         let f = try await Fixture()
-        f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 4 * 1024 * 1024))
+        f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
         let task = await f.startInBackground("/slow.bin", after: 200_000)
         task.cancel()
         let result = await task.result

@@ -126,13 +126,15 @@ extension DownloadManager {
 
     @Test func pauseAndResumeWhileRunningFetchNothingTwice() async throws {
         let f = try await ManagerFixture()
-        let body = f.serveFiles(1, size: 3_000_000, rate: 1_500_000)[0]
+        // Slow enough that it cannot finish before the pause lands, even on a loaded machine.
+        let body = f.serveFiles(1, size: 3_000_000, rate: 400_000)[0]
         let m = try f.manager()
         let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
         await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 300_000 }
         try await m.pause(id)
         #expect(await m.download(id)?.state == .paused)
         await m.waitUntil { $0[id]?.state == .paused }
+        f.server.update("/f/0.bin") { $0.bytesPerSecond = nil }
         #expect(await m.downloads(in: .paused).map(\.id) == [id])
         try await m.resume(id)
         await m.waitUntilAll(.completed)
@@ -152,7 +154,7 @@ extension DownloadManager {
     @Test func cancelWhileRunningDeletesThePartialOrKeepsItWhenAsked() async throws {
         for keep in [false, true] {
             let f = try await ManagerFixture()
-            _ = f.serveFiles(1, size: 3_000_000, rate: 1_500_000)
+            _ = f.serveFiles(1, size: 3_000_000, rate: 400_000)
             let m = try f.manager()
             let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
             await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 200_000 }
