@@ -61,7 +61,7 @@ enum Remote {
 }
 
 struct Add: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Add downloads to the running daemon.")
+    static let configuration = CommandConfiguration(commandName: "add", abstract: "Add downloads to the running daemon.")
 
     @Argument(help: "http or https URLs.") var urls: [String]
     @Option(name: [.customShort("o"), .customLong("output")], help: ArgumentHelp(
@@ -133,7 +133,7 @@ struct IDOrAll: ParsableArguments {
 }
 
 struct Pause: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Pause a download of the daemon, or all of them.")
+    static let configuration = CommandConfiguration(commandName: "pause", abstract: "Pause a download of the daemon, or all of them.")
     @OptionGroup var target: IDOrAll
     @OptionGroup var daemonState: DaemonState
 
@@ -143,7 +143,7 @@ struct Pause: AsyncParsableCommand {
 }
 
 struct Resume: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Resume (or retry) a download of the daemon, or all paused ones.")
+    static let configuration = CommandConfiguration(commandName: "resume", abstract: "Resume (or retry) a download of the daemon, or all paused ones.")
     @OptionGroup var target: IDOrAll
     @OptionGroup var daemonState: DaemonState
 
@@ -167,6 +167,7 @@ struct Remove: AsyncParsableCommand {
 
 struct Watch: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "watch",
         abstract: "Show the daemon's downloads live, until interrupted (on a pipe: a line per change).")
     @OptionGroup var daemonState: DaemonState
 

@@ -16,6 +16,7 @@ struct DaemonState: ParsableArguments {
 
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "serve",
         abstract: "Run the download daemon: an HTTP API, a web page, downloads that go on while clients come and go.",
         discussion: """
             Every API call needs the bearer token made on first start (saved, mode 0600, in the state \
