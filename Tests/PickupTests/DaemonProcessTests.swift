@@ -43,6 +43,14 @@ struct ServeProcess {
         return last
     }
 
+    /// Kills it if it still runs (for `defer`, so that a failed test leaves no daemon behind).
+    func stopIfRunning() {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
     func signal(_ sig: Int32) -> Process.TerminationReason {
         kill(process.processIdentifier, sig)
         process.waitUntilExit()
@@ -61,6 +69,7 @@ struct ServeProcess {
         for i in 0..<4 { server.set("/d/\(i).bin", Resource(body: bodies[i], bytesPerSecond: 500_000)) }
 
         let first = try await ServeProcess.start(root: root, state: state)
+        defer { first.stopIfRunning() }
         for i in 0..<4 {
             _ = try await first.client.add(APIAddRequest(url: server.url("/d/\(i).bin"), name: "f\(i).bin", paused: i == 3 ? true : nil))
         }
@@ -72,6 +81,7 @@ struct ServeProcess {
 
         for i in 0..<4 { server.update("/d/\(i).bin") { $0.bytesPerSecond = nil } }
         let second = try await ServeProcess.start(root: root, state: state)
+        defer { second.stopIfRunning() }
         let restored = try await second.client.list()
         #expect(restored.count == 4)
         #expect(restored.first { $0.name == "f3.bin" }?.state == "paused", "a paused download stays paused")
@@ -96,6 +106,7 @@ struct ServeProcess {
         let body = Resource.bytes(count: 4_000_000, seed: 7)
         server.set("/t.bin", Resource(body: body, bytesPerSecond: 500_000))
         let first = try await ServeProcess.start(root: root, state: state)
+        defer { first.stopIfRunning() }
         let d = try await first.client.add(APIAddRequest(url: server.url("/t.bin")))
         try await first.waitUntil { $0.first?.bytesDone ?? 0 > 300_000 }
         #expect(first.signal(SIGTERM) == .exit)
@@ -107,6 +118,7 @@ struct ServeProcess {
 
         server.update("/t.bin") { $0.bytesPerSecond = nil }
         let second = try await ServeProcess.start(root: root, state: state)
+        defer { second.stopIfRunning() }
         try await second.waitUntil { $0.first?.state == "completed" }
         #expect(root.read("t.bin") == body)
         #expect(server.requests("/t.bin").last?.headers["range"]?.hasPrefix("bytes=\(held)-") == true)
@@ -122,6 +134,7 @@ struct ServeProcess {
         let body = Resource.bytes(count: 2_000_000, seed: 9)
         server.set("/c.bin", Resource(body: body, bytesPerSecond: 300_000))
         let daemon = try await ServeProcess.start(root: root, state: state)
+        defer { daemon.stopIfRunning() }
         let s = ["--state", state.path.string]
         // `pickup watch` on a pipe: a line per change, from the snapshot on.
         let watchLog = state.file("watch.log")
@@ -132,6 +145,7 @@ struct ServeProcess {
         watch.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: watchLog.string))
         watch.standardError = FileHandle.nullDevice
         try watch.run()
+        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
         let watched = { String(decoding: FileManager.default.contents(atPath: watchLog.string) ?? Data(), as: UTF8.self) }
         let added = try CLI.output(["add", server.url("/c.bin"), "-o", "c.bin"] + s)
         #expect(added.status == 0)
