@@ -75,9 +75,11 @@ def run(cmd, env=None):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
 
 
-def tools(pickup, conns, url, out):
+def tools(pickup, conns, url, out, baseline=None):
     d, name = os.path.dirname(out), os.path.basename(out)
     t = {"pickup": [pickup, "get", url, "-o", out, "-q", "--overwrite", "-x", str(conns)]}
+    if baseline:
+        t["pickup-before"] = [baseline] + t["pickup"][1:]
     if shutil.which("aria2c"):
         t["aria2c"] = ["aria2c", "-q", f"-x{conns}", f"-s{conns}", "-k1M", "--file-allocation=none",
                        "--allow-overwrite=true", "--auto-file-renaming=false", "-d", d, "-o", name, url]
@@ -95,6 +97,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cases", default="throttled,single,multi,skewed,batch,queue,daemon")
     ap.add_argument("--pickup", default=os.path.join(ROOT, ".build/release/pickup"))
+    ap.add_argument("--baseline", help="another pickup binary to run beside it (before and after a change)")
     args = ap.parse_args()
     if not os.path.exists(args.pickup):
         raise SystemExit("build first: swift build -c release")
@@ -145,7 +148,7 @@ def main():
             title, path, conns, ideal = cases[key]
             name = os.path.basename(path)
             out = os.path.join(outdir, name)
-            cmds = tools(args.pickup, conns, base_url + path, out)
+            cmds = tools(args.pickup, conns, base_url + path, out, args.baseline)
             results = {t: [] for t in cmds}
             order = list(cmds)
             for i in range(args.runs):
@@ -193,6 +196,8 @@ def batch_case(args, work, site, outdir, base_url, count=400, size=64 * 1024, jo
         f.write("".join(f"{base_url}/batch/{i}.bin\n" for i in range(count)))
     state = os.path.join(work, "state")
     cmds = {"pickup": [args.pickup, "get", "-i", listing, "-d", outdir, "-j", str(jobs), "-q"]}
+    if args.baseline:
+        cmds["pickup-before"] = [args.baseline] + cmds["pickup"][1:]
     if shutil.which("aria2c"):
         cmds["aria2c"] = ["aria2c", "-q", "-i", listing, f"-j{jobs}", "--file-allocation=none", "-d", outdir]
     if shutil.which("wget"):

@@ -1,3 +1,4 @@
+import NIOCore
 import SystemPackage
 
 /// Where a download goes.
@@ -57,6 +58,14 @@ public struct DownloadOptions: Sendable {
     /// Connections per file (1...32). More open only after the first answer is a valid 206 with a
     /// strong validator and the file is large enough to split.
     public var connections = 8
+    /// Go on with one connection when the others add no speed: when this process, not the
+    /// network, sets the pace (its CPU time shows it busy), it sheds to one connection and brings
+    /// the others back if one turns out slower (``ConnectionTuner``). Decided once per run.
+    public var adaptiveConnections = true
+    /// Threads the transport spreads connections over (the tuner's measure of "busy").
+    var transportThreads = System.coreCount
+    /// Process CPU seconds (tests stand in a busy or idle process).
+    var cpuClock: @Sendable () -> Double = ProcessCPU.seconds
     /// No range is split into pieces smaller than this many bytes.
     public var minSplitSize: Int64 = 1 << 20
     /// Reserve the whole length on disk as soon as it is known, so a full disk shows at the start.

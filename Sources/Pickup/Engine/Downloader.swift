@@ -19,8 +19,6 @@ public final class Downloader: Sendable {
     /// A downloader on AsyncHTTPClient.
     public init(options: DownloadOptions = DownloadOptions(), transport: HTTPClientTransport.Options = .init()) {
         self.options = options
-        var transport = transport
-        if transport.maxReadSize == nil { transport.maxReadSize = options.connections > 1 ? 65536 : 262_144 }
         self.transport = HTTPClientTransport(options: transport)
     }
 

@@ -78,17 +78,24 @@ extension FileDownload {
         var cursor: SegmentCursor? = id == 0 ? firstCursor() : assign(id)
         defer { lock.withLock { scheduler?.release(id) } }
         var conditional = conditional
-        while let c = cursor {
-            switch try await fetchRange(id, cursor: c, file: file, conditional: conditional) {
-            case .done:
-                break
-            case .retired:
-                return
-            case .unchanged(let path, let rec):
-                lock.withLock { unchanged = (path, rec) }
-                return
+        while true {
+            while let c = cursor {
+                switch try await fetchRange(id, cursor: c, file: file, conditional: conditional) {
+                case .done:
+                    break
+                case .retired:
+                    return
+                case .unchanged(let path, let rec):
+                    lock.withLock { unchanged = (path, rec) }
+                    return
+                }
+                conditional = nil
+                cursor = assign(id)
             }
-            conditional = nil
+            // Shed (see ``ConnectionTuner``): wait in case the connections are brought back; the
+            // wait ends by cancellation when the download is complete.
+            guard lock.withLock({ keeper != nil && keeper != id && scheduler?.isComplete == false }) else { return }
+            try await restore.wait()
             cursor = assign(id)
         }
     }
@@ -109,6 +116,11 @@ extension FileDownload {
     func assign(_ id: Int) -> SegmentCursor? {
         lock.withLock {
             guard var s = scheduler else { return nil }
+            if let keeper, keeper != id {
+                s.release(id)
+                scheduler = s
+                return nil
+            }
             let now = Clock.monotonic()
             var rates: [Int: Double] = [:]
             var ownRate: Double? = nil
@@ -353,7 +365,14 @@ extension FileDownload {
                     }
                     scheduler = s
                     syncRecordShape()
-                    if parallel && s.segments.filter({ $0.remaining > 0 }).count > 1 { moreConnections?.yield() }
+                    let running = s.segments.filter({ $0.remaining > 0 }).count
+                    if parallel && running > 1 {
+                        if options.adaptiveConnections, tuner == nil {
+                            tuner = ConnectionTuner(threads: options.transportThreads)
+                            _ = tuner?.add(tunerSample(connections: running))
+                        }
+                        moreConnections?.yield()
+                    }
                     moreConnections?.finish()
                 }
                 if first || context.conditional {

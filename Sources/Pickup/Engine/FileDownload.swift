@@ -39,6 +39,12 @@ final class FileDownload: @unchecked Sendable {
     /// Bytes held at the start that were kept (zero once they had to be discarded).
     var keptFromStart: Int64 = 0
     var unchanged: (FilePath, CompletionRecord)?
+    /// While shed to one connection (``ConnectionTuner``): the connection that goes on; the
+    /// others wait at `restore`.
+    var keeper: Int?
+    let restore = Gate()
+    /// Fed when more connections open and on every progress tick (nil: fixed connections).
+    var tuner: ConnectionTuner?
     /// Whether a control file of this download is on disk (loaded, or written by this run).
     var controlOnDisk = false
     /// Whether the record changed since it was last written.
@@ -191,6 +197,7 @@ final class FileDownload: @unchecked Sendable {
             keptFromStart = 0
             cursors = [:]
             scheduler = nil
+            keeper = nil
             record.validators = nil
             record.totalLength = nil
             record.serverDigest = nil
@@ -242,21 +249,77 @@ final class FileDownload: @unchecked Sendable {
         }
     }
 
+    /// Reports progress every `progressInterval`, checkpoints every `checkpointInterval`, and
+    /// feeds the tuner (more often while it is still deciding).
     func startMonitor() -> Task<Void, Never> {
         let interval = options.progressInterval
-        let every = max(1, Int((options.checkpointInterval / interval).rounded()))
+        let adaptive = options.adaptiveConnections && options.connections > 1
         return Task { [self] in
             var meter = SpeedMeter()
-            var tick = 0
+            let start = Clock.monotonic()
+            var nextProgress = start + interval
+            var nextCheckpoint = start + options.checkpointInterval
             while !Task.isCancelled {
-                try? await Task.sleep(nanoseconds: UInt64(interval * 1e9))
+                let now = Clock.monotonic()
+                let deciding = adaptive && lock.withLock { tuner.map { $0.phase != .settled } ?? !connectionsDecided }
+                let wake = deciding ? min(nextProgress, now + ConnectionTuner.step) : nextProgress
+                try? await Task.sleep(nanoseconds: UInt64(max(0, wake - now) * 1e9))
                 if Task.isCancelled { break }
-                tick += 1
-                let (held, total) = lock.withLock { (heldBytes(), record.totalLength) }
-                let speed = meter.add(time: Clock.monotonic(), bytes: transferred.load(ordering: .relaxed))
-                onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed)))
-                if tick % every == 0 { try? checkpoint() }
+                let t = Clock.monotonic()
+                if t >= nextProgress {
+                    nextProgress = max(nextProgress + interval, t)
+                    let (held, total) = lock.withLock { (heldBytes(), record.totalLength) }
+                    let speed = meter.add(time: t, bytes: transferred.load(ordering: .relaxed))
+                    onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed)))
+                }
+                if t >= nextCheckpoint {
+                    nextCheckpoint = t + options.checkpointInterval
+                    try? checkpoint()
+                }
+                tune()
             }
+        }
+    }
+
+    /// A tuner sample: now, and how many connections have a range.
+    func tunerSample(connections: Int? = nil) -> ConnectionTuner.Sample {
+        ConnectionTuner.Sample(time: Clock.monotonic(), cpu: options.cpuClock(), bytes: transferred.load(ordering: .relaxed),
+                               connections: connections ?? scheduler?.activeConnections ?? 0)
+    }
+
+    /// Feeds the tuner one sample and carries out what it decides.
+    func tune() {
+        let (act, active) = lock.withLock { () -> (ConnectionTuner.Action?, Int) in
+            let sample = tunerSample()
+            return (tuner?.add(sample), sample.connections)
+        }
+        switch act {
+        case .shed?:
+            let shed = lock.withLock { () -> Bool in
+                guard var s = scheduler else { return false }
+                let now = Clock.monotonic()
+                var rates: [Int: Double] = [:]
+                for (i, c) in cursors {
+                    s.report(i, done: c.written)
+                    rates[i] = c.rate(now: now)
+                }
+                let (keep, cut) = s.shed(rates: rates)
+                guard let keep else { return false }
+                for (i, end) in cut { cursors[i]?.end.store(end, ordering: .relaxed) }
+                keeper = keep
+                scheduler = s
+                syncRecordShape()
+                return true
+            }
+            if shed {
+                onEvent(.notice("\(active) connections add no speed here (this machine, not the network, sets the pace); going on with one"))
+            }
+        case .restore?:
+            lock.withLock { keeper = nil }
+            restore.open()
+            onEvent(.notice("one connection is slower; back to \(options.connections)"))
+        case nil:
+            break
         }
     }
 

@@ -125,6 +125,26 @@ public struct SegmentScheduler: Sendable, Equatable {
         }
     }
 
+    /// Goes on with one connection: every range another connection owns ends at its reported
+    /// progress, and the rest of it becomes an unowned range. The connection that keeps its range
+    /// is the fastest by `rates` (bytes per second by segment), else the one with the most work
+    /// left. Returns it (nil when no connection owns a range) and the ranges whose end was
+    /// lowered, with their new end.
+    public mutating func shed(rates: [Int: Double] = [:]) -> (keeper: Int?, cut: [(segment: Int, end: Int64)]) {
+        let owned = segments.indices.filter { segments[$0].owner != nil && segments[$0].remaining > 0 }
+        guard let keep = owned.max(by: {
+            (rates[$0] ?? 0, segments[$0].remaining) < (rates[$1] ?? 0, segments[$1].remaining)
+        }) else { return (nil, []) }
+        var cut: [(segment: Int, end: Int64)] = []
+        for i in owned where i != keep {
+            let s = segments[i]
+            segments[i].end = s.next
+            segments.append(Segment(start: s.next, end: s.end, done: 0, owner: nil))
+            cut.append((i, s.next))
+        }
+        return (segments[keep].owner, cut)
+    }
+
     /// Records progress of a range (bytes written from its start).
     public mutating func report(_ segment: Int, done: Int64) {
         segments[segment].done = max(segments[segment].done, min(done, segments[segment].end - segments[segment].start))

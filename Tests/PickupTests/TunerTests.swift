@@ -1,0 +1,148 @@
+import Foundation
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// The connection tuner as a state machine, the scheduler's shedding, the gate, and both on the
+/// test server with a stand-in CPU clock.
+@Suite struct TunerTests {
+    typealias Sample = ConnectionTuner.Sample
+
+    /// Samples every 0.1 s with `load` CPU cores busy and `rate` bytes per second, from `start`.
+    static func feed(_ tuner: inout ConnectionTuner, from start: inout Sample, steps: Int, load: Double,
+                     rate: Double, connections: Int) -> [ConnectionTuner.Action] {
+        var actions: [ConnectionTuner.Action] = []
+        for _ in 0..<steps {
+            start = Sample(time: start.time + 0.1, cpu: start.cpu + load * 0.1, bytes: start.bytes + Int64(rate * 0.1),
+                           connections: connections)
+            if let a = tuner.add(start) { actions.append(a) }
+        }
+        return actions
+    }
+
+    @Test func aBusyProcessShedsAfterTheWarmupAndKeepsOneConnectionWhenItIsAsFast() {
+        var t = ConnectionTuner(threads: 2)
+        var s = Sample(time: 0, cpu: 0, bytes: 0, connections: 16)
+        #expect(t.add(s) == nil)
+        // The first window (connections opening) is skipped even though it is busy.
+        #expect(Self.feed(&t, from: &s, steps: 1, load: 2, rate: 1e9, connections: 16) == [])
+        #expect(Self.feed(&t, from: &s, steps: 1, load: 1.8, rate: 1e9, connections: 16) == [.shed])
+        // One connection goes as fast: the shedding stays, and nothing more happens.
+        #expect(Self.feed(&t, from: &s, steps: 10, load: 1, rate: 0.9e9, connections: 1) == [])
+        #expect(t.phase == .settled)
+    }
+
+    @Test func connectionsComeBackWhenOneIsClearlySlower() {
+        var t = ConnectionTuner(threads: 2)
+        var s = Sample(time: 0, cpu: 0, bytes: 0, connections: 8)
+        _ = t.add(s)
+        #expect(Self.feed(&t, from: &s, steps: 2, load: 1.5, rate: 80e6, connections: 8) == [.shed])
+        // Each connection was capped: one alone brings an eighth.
+        #expect(Self.feed(&t, from: &s, steps: 4, load: 1.5, rate: 10e6, connections: 1) == [.restore])
+        // Decided once: busy windows later shed nothing.
+        #expect(Self.feed(&t, from: &s, steps: 10, load: 2, rate: 80e6, connections: 8) == [])
+    }
+
+    @Test func aProcessThatWaitsOnTheNetworkKeepsEveryConnection() {
+        var t = ConnectionTuner(threads: 2)
+        var s = Sample(time: 0, cpu: 0, bytes: 0, connections: 16)
+        _ = t.add(s)
+        // 16 connections capped at 20 MiB/s use a fraction of one core.
+        #expect(Self.feed(&t, from: &s, steps: 30, load: 0.4, rate: 320e6, connections: 16) == [])
+        #expect(t.phase == .watching)
+    }
+
+    @Test func oneConnectionAndShortWindowsDecideNothing() {
+        var t = ConnectionTuner(threads: 2)
+        var s = Sample(time: 0, cpu: 0, bytes: 0, connections: 1)
+        #expect(Self.feed(&t, from: &s, steps: 5, load: 2, rate: 1e9, connections: 1) == [])
+        var u = ConnectionTuner(threads: 2)
+        var r = Sample(time: 0, cpu: 0, bytes: 0, connections: 4)
+        _ = u.add(r)
+        // Samples 10 ms apart never make a window.
+        for _ in 0..<4 {
+            r = Sample(time: r.time + 0.01, cpu: r.cpu + 0.02, bytes: r.bytes + 1_000_000, connections: 4)
+            #expect(u.add(r) == nil)
+        }
+        #expect(u.phase == .warmup)
+    }
+
+    @Test func sheddingCutsEveryOtherRangeAtItsProgressAndKeepsTheFastest() {
+        var s = SegmentScheduler(total: 400, records: [SegmentRecord(start: 0, end: nil, done: 0)], minSplit: 10)
+        s.plan(connections: 4)
+        for i in 0..<4 { s.claim(i, by: i) }
+        for i in 0..<4 { s.report(i, done: Int64(10 * (i + 1))) }
+        let progress = s.segments.map(\.next)
+        let (keeper, cut) = s.shed(rates: [0: 5, 1: 50, 2: 7, 3: 9])
+        #expect(keeper == 1)
+        #expect(cut.map(\.segment) == [0, 2, 3])
+        #expect(cut.map(\.end) == [progress[0], progress[2], progress[3]])
+        #expect(s.segments[1].end > progress[1])
+        // The tails are new unowned ranges; together the ranges still cover the file exactly once.
+        #expect(s.segments[4...].allSatisfy { $0.owner == nil && $0.done == 0 })
+        let covered = s.segments.map { ($0.start, $0.end) }.sorted { $0.0 < $1.0 }
+        #expect(covered.first?.0 == 0 && covered.last?.1 == 400)
+        #expect(zip(covered, covered.dropFirst()).allSatisfy { $0.1 == $1.0 })
+        // The keeper takes the unowned tails once its own range is done.
+        s.report(1, done: 100)
+        #expect(s.next(for: 1)?.shrunk == nil)
+    }
+
+    @Test func theGateLetsWaitersGoWhenItOpensAndCancelledOnesOut() async throws {
+        let gate = Gate()
+        let waiter = Task { try await gate.wait() }
+        let cancelled = Task { try await gate.wait() }
+        cancelled.cancel()
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        gate.open()
+        try await waiter.value
+        try await gate.wait()  // open: returns at once
+    }
+
+    /// A download on 8 connections, each capped by the server, in a process whose CPU clock says
+    /// `busy` or idle.
+    func download(busy: Bool) async throws -> (EventLog, [RecordedRequest], Bool) {
+        let body = Resource.bytes(count: 8 * 1024 * 1024, seed: 9)
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
+        var options = testOptions(state: state.path, connections: 8)
+        options.adaptiveConnections = true
+        let started = Clock.monotonic()
+        // Busy: four cores' worth of CPU every second, more than two threads can ever use.
+        let busyClock: @Sendable () -> Double = { (Clock.monotonic() - started) * 4 }
+        let idleClock: @Sendable () -> Double = { 0 }
+        options.cpuClock = busy ? busyClock : idleClock
+        options.transportThreads = 2
+        server.set("/t.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
+        let downloader = Downloader(options: options, transport: testTransport())
+        let events = EventLog()
+        _ = try await downloader.download(DownloadRequest(url: server.url("/t.bin"), destination: .directory(dir.path))) {
+            events.record($0)
+        }
+        let exact = dir.read("t.bin") == body
+        let requests = server.requests("/t.bin")
+        await downloader.shutdown()
+        await server.stop()
+        return (events, requests, exact)
+    }
+
+    @Test func aBusyProcessShedsAndBringsCappedConnectionsBack() async throws {
+        let (events, requests, exact) = try await download(busy: true)
+        #expect(exact)
+        let notices = events.notices
+        let shed = notices.firstIndex { $0.contains("going on with one") }
+        let back = notices.firstIndex { $0.contains("back to 8") }
+        #expect(shed != nil && back != nil && shed! < back!)
+        // Every request after the first is an exact range with If-Range, shed or not.
+        #expect(requests.dropFirst().allSatisfy { $0.headers["if-range"] != nil })
+    }
+
+    @Test func anIdleProcessKeepsItsConnections() async throws {
+        let (events, requests, exact) = try await download(busy: false)
+        #expect(exact)
+        #expect(!events.notices.contains { $0.contains("going on with one") })
+        #expect(requests.count >= 8)
+    }
+}
