@@ -39,7 +39,9 @@ import TestServer
     }
 
     @Test func stalledConnectionIsDroppedAndResumed() async throws {
-        let f = try await Fixture(stall: 0.3)
+        // Long enough that a loaded machine never mistakes a slow start for the stall under test
+        // (the fault stalls the first request only).
+        let f = try await Fixture(stall: 1)
         f.server.set("/a.bin", Resource(body: body, faults: [.stallAfter(1_000_000)]))
         _ = try await f.get("/a.bin")
         #expect(f.dir.read("a.bin") == body)

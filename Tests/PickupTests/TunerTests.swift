@@ -139,6 +139,40 @@ import TestServer
         #expect(requests.dropFirst().allSatisfy { $0.headers["if-range"] != nil })
     }
 
+    @Test func anInterruptionAfterSheddingResumesByteExact() async throws {
+        let body = Resource.bytes(count: 8 * 1024 * 1024, seed: 10)
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
+        var options = testOptions(state: state.path, connections: 8)
+        options.adaptiveConnections = true
+        let started = Clock.monotonic()
+        options.cpuClock = { (Clock.monotonic() - started) * 4 }
+        options.transportThreads = 2
+        // Slow enough that the download is far from done when the shedding happens.
+        server.set("/r.bin", Resource(body: body, bytesPerSecond: 256 * 1024))
+        let downloader = Downloader(options: options, transport: testTransport())
+        let (shed, signal) = AsyncStream<Void>.makeStream()
+        let task = Task {
+            defer { signal.finish() }  // a download that ends without shedding ends the wait too
+            return try await downloader.download(DownloadRequest(url: server.url("/r.bin"), destination: .directory(dir.path))) {
+                if case .notice(let n) = $0, n.contains("going on with one") { signal.yield() }
+            }
+        }
+        for await _ in shed { break }
+        task.cancel()
+        _ = await task.result
+        await downloader.shutdown()
+        // The control file holds the cut ranges and their unowned tails.
+        let ctl = try #require(dir.entries.first { $0.hasSuffix(".pickup-ctl") }.flatMap { ControlFile.load(dir.file($0)) })
+        #expect(ctl.segments.count > 8)
+        server.update("/r.bin") { $0.bytesPerSecond = nil }
+        let again = testDownloader(state: state.path, connections: 8)
+        _ = try await again.download(DownloadRequest(url: server.url("/r.bin"), destination: .directory(dir.path))) { _ in }
+        #expect(dir.read("r.bin") == body)
+        await again.shutdown()
+        await server.stop()
+    }
+
     @Test func anIdleProcessKeepsItsConnections() async throws {
         let (events, requests, exact) = try await download(busy: false)
         #expect(exact)
