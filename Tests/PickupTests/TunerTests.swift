@@ -101,22 +101,26 @@ import TestServer
         try await gate.wait()  // open: returns at once
     }
 
-    /// A download on 8 connections, each capped by the server, in a process whose CPU clock says
-    /// `busy` or idle.
-    func download(busy: Bool) async throws -> (EventLog, [RecordedRequest], Bool) {
-        let body = Resource.bytes(count: 8 * 1024 * 1024, seed: 9)
-        let server = try await TestServer.start()
-        let dir = TempDir(), state = TempDir()
-        var options = testOptions(state: state.path, connections: 8)
+    /// A downloader on 8 connections with the tuner on, in a process whose CPU clock says `busy`
+    /// (four cores' worth every second, more than two threads can ever use) or idle.
+    static func tunedDownloader(state: FilePath, busy: Bool) -> Downloader {
+        var options = testOptions(state: state, connections: 8)
         options.adaptiveConnections = true
         let started = Clock.monotonic()
-        // Busy: four cores' worth of CPU every second, more than two threads can ever use.
         let busyClock: @Sendable () -> Double = { (Clock.monotonic() - started) * 4 }
         let idleClock: @Sendable () -> Double = { 0 }
         options.cpuClock = busy ? busyClock : idleClock
         options.transportThreads = 2
+        return Downloader(options: options, transport: testTransport())
+    }
+
+    /// A download on 8 connections, each capped by the server.
+    func download(busy: Bool) async throws -> (EventLog, [RecordedRequest], Bool) {
+        let body = Resource.bytes(count: 8 * 1024 * 1024, seed: 9)
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
         server.set("/t.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
-        let downloader = Downloader(options: options, transport: testTransport())
+        let downloader = Self.tunedDownloader(state: state.path, busy: busy)
         let events = EventLog()
         _ = try await downloader.download(DownloadRequest(url: server.url("/t.bin"), destination: .directory(dir.path))) {
             events.record($0)
@@ -143,14 +147,9 @@ import TestServer
         let body = Resource.bytes(count: 8 * 1024 * 1024, seed: 10)
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()
-        var options = testOptions(state: state.path, connections: 8)
-        options.adaptiveConnections = true
-        let started = Clock.monotonic()
-        options.cpuClock = { (Clock.monotonic() - started) * 4 }
-        options.transportThreads = 2
         // Slow enough that the download is far from done when the shedding happens.
         server.set("/r.bin", Resource(body: body, bytesPerSecond: 256 * 1024))
-        let downloader = Downloader(options: options, transport: testTransport())
+        let downloader = Self.tunedDownloader(state: state.path, busy: true)
         let (shed, signal) = AsyncStream<Void>.makeStream()
         let task = Task {
             defer { signal.finish() }  // a download that ends without shedding ends the wait too
