@@ -114,12 +114,13 @@ import TestServer
         return Downloader(options: options, transport: testTransport())
     }
 
-    /// A download on 8 connections, each capped by the server.
+    /// A download on 8 connections, each capped by the server low enough that even a starved
+    /// process serves all eight at full speed (so one connection alone is clearly slower).
     func download(busy: Bool) async throws -> (EventLog, [RecordedRequest], Bool) {
-        let body = Resource.bytes(count: 8 * 1024 * 1024, seed: 9)
+        let body = Resource.bytes(count: 3 * 1024 * 1024, seed: 9)
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()
-        server.set("/t.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
+        server.set("/t.bin", Resource(body: body, bytesPerSecond: 256 * 1024))
         let downloader = Self.tunedDownloader(state: state.path, busy: busy)
         let events = EventLog()
         _ = try await downloader.download(DownloadRequest(url: server.url("/t.bin"), destination: .directory(dir.path))) {
@@ -138,7 +139,7 @@ import TestServer
         let notices = events.notices
         let shed = notices.firstIndex { $0.contains("going on with one") }
         let back = notices.firstIndex { $0.contains("back to 8") }
-        #expect(shed != nil && back != nil && shed! < back!)
+        #expect(shed != nil && back != nil && shed! < back!, "\(notices)")
         // Every request after the first is an exact range with If-Range, shed or not.
         #expect(requests.dropFirst().allSatisfy { $0.headers["if-range"] != nil })
     }

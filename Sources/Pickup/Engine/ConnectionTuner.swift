@@ -60,6 +60,9 @@ struct ConnectionTuner: Sendable, Equatable {
     static let step = 0.025
     private(set) var phase = Phase.warmup
     private var last: Sample?
+    /// Where watching began: the speed before shedding is measured from here, over every window
+    /// watched rather than the last one alone.
+    private var watchStart: Sample?
 
     init(threads: Int) {
         self.threads = max(1, threads)
@@ -79,12 +82,14 @@ struct ConnectionTuner: Sendable, Equatable {
         switch phase {
         case .warmup:
             phase = .watching
+            watchStart = s
             return nil
         case .watching:
             guard s.connections > 1, previous.connections > 1 else { return nil }
             let load = (s.cpu - previous.cpu) / window
             guard load >= busyShare * Double(min(threads, s.connections)), rate > 0 else { return nil }
-            phase = .shed(rate: rate, since: nil)
+            let from = watchStart ?? previous
+            phase = .shed(rate: Double(s.bytes - from.bytes) / (s.time - from.time), since: nil)
             return .shed
         case .shed(let before, nil):
             phase = .shed(rate: before, since: s)

@@ -261,7 +261,8 @@ final class FileDownload: @unchecked Sendable {
             var nextCheckpoint = start + options.checkpointInterval
             while !Task.isCancelled {
                 let now = Clock.monotonic()
-                let deciding = adaptive && lock.withLock { tuner.map { $0.phase != .settled } ?? !connectionsDecided }
+                // Sampled often only in the first second, where deciding early pays.
+                let deciding = adaptive && now - start < 1 && lock.withLock { tuner?.phase != .settled }
                 let wake = deciding ? min(nextProgress, now + ConnectionTuner.step) : nextProgress
                 try? await Task.sleep(nanoseconds: UInt64(max(0, wake - now) * 1e9))
                 if Task.isCancelled { break }
@@ -290,6 +291,7 @@ final class FileDownload: @unchecked Sendable {
     /// Feeds the tuner one sample and carries out what it decides.
     func tune() {
         let (act, active) = lock.withLock { () -> (ConnectionTuner.Action?, Int) in
+            guard tuner != nil, tuner?.phase != .settled else { return (nil, 0) }
             let sample = tunerSample()
             return (tuner?.add(sample), sample.connections)
         }
