@@ -227,43 +227,6 @@ enum StrictKeys {
 
 // MARK: - Fast JSON for lists
 
-/// Writes JSON by hand, for the responses that can hold thousands of downloads (a list of 10,000
-/// through JSONEncoder took about 50 ms; this takes a few). Produces what JSONEncoder would
-/// (absent optionals left out); a test decodes both and compares.
-struct JSONWriter {
-    var bytes: [UInt8] = []
-
-    init(capacity: Int) { bytes.reserveCapacity(capacity) }
-
-    mutating func raw(_ s: StaticString) {
-        s.withUTF8Buffer { bytes.append(contentsOf: $0) }
-    }
-
-    mutating func string(_ s: String) {
-        bytes.append(UInt8(ascii: "\""))
-        for b in s.utf8 {
-            switch b {
-            case UInt8(ascii: "\""): raw(#"\""#)
-            case UInt8(ascii: "\\"): raw(#"\\"#)
-            case 0..<0x20:
-                raw(#"\u00"#)
-                let hex: [UInt8] = Array("0123456789abcdef".utf8)
-                bytes.append(hex[Int(b >> 4)])
-                bytes.append(hex[Int(b & 0xF)])
-            default: bytes.append(b)
-            }
-        }
-        bytes.append(UInt8(ascii: "\""))
-    }
-
-    mutating func number(_ v: Int64) { bytes.append(contentsOf: String(v).utf8) }
-    mutating func number(_ v: Int) { bytes.append(contentsOf: String(v).utf8) }
-
-    mutating func number(_ v: Double) {
-        if v.isFinite { bytes.append(contentsOf: v.description.utf8) } else { raw("null") }
-    }
-}
-
 extension APIDownload {
     func write(to w: inout JSONWriter) {
         w.raw(#"{"id":"#); w.number(id)

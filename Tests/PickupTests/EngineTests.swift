@@ -1,3 +1,4 @@
+import Atomics
 import Crypto
 import Foundation
 import SystemPackage
@@ -360,6 +361,45 @@ import TestServer
         }
         _ = try await first.value
         #expect(f.dir.read("slow.bin") == body)
+        await f.close()
+    }
+
+    @Test func downloadsAtOnceEachGetTheirOwnProgressAndNoneAfterTheyReturn() async throws {
+        // One monitor ticks every download of a downloader: each must see its own progress, and
+        // none may hear of it after download() returned (a tick then would be a stray callback).
+        let f = try await Fixture()
+        let sizes = [400_000, 1_200_000, 2_400_000]
+        for (i, n) in sizes.enumerated() {
+            f.server.set("/p\(i).bin", Resource(body: Array(body.prefix(n)), bytesPerSecond: 4 * 1024 * 1024))
+        }
+        let results = try await withThrowingTaskGroup(of: (Int, [DownloadProgress], Int).self) { group in
+            for i in sizes.indices {
+                group.addTask {
+                    let log = EventLog()
+                    let returned = ManagedAtomic(false)
+                    let late = ManagedAtomic(0)
+                    _ = try await f.downloader.download(
+                        DownloadRequest(url: f.server.url("/p\(i).bin"), destination: .directory(f.dir.path))
+                    ) { event in
+                        if returned.load(ordering: .relaxed) { late.wrappingIncrement(ordering: .relaxed) }
+                        log.record(event)
+                    }
+                    returned.store(true, ordering: .relaxed)
+                    return (i, log.progress, late.load(ordering: .relaxed))
+                }
+            }
+            // The late events of the first ones are counted once the last one is done.
+            var all: [(Int, [DownloadProgress], Int)] = []
+            for try await r in group { all.append(r) }
+            return all
+        }
+        for (i, progress, _) in results {
+            #expect(!progress.isEmpty, "download \(i) got no progress")
+            #expect(progress.allSatisfy { $0.totalBytes == nil || $0.totalBytes == Int64(sizes[i]) })
+            #expect(f.dir.read("p\(i).bin") == Array(body.prefix(sizes[i])))
+        }
+        // Counted after every download ended: the first ones' late events would have come by now.
+        #expect(results.map(\.2).reduce(0, +) == 0)
         await f.close()
     }
 

@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 @testable import Pickup
@@ -77,6 +78,20 @@ import Testing
         #expect(HTTPDate.parse(HTTPDate.format(1_795_000_000)) == 1_795_000_000)
     }
 
+    @Test func theFastFormAgreesWithTheGeneralParser() {
+        // Every day of a few centuries at varied times, written as servers write them, and once in lower case.
+        var t: Int64 = -2_208_988_800  // 1900
+        while t < 4_102_444_800 {  // 2100
+            let text = HTTPDate.format(t)
+            #expect(HTTPDate.parseFixdate(text) == t)
+            #expect(HTTPDate.parseFixdate(text.lowercased().replacingOccurrences(of: "gmt", with: "GMT")) == t)
+            t += 86_400 * 13 + 3_607
+        }
+        #expect(HTTPDate.parseFixdate("Sun, 06 Nov 1994 08:49:3x GMT") == nil)
+        #expect(HTTPDate.parseFixdate("Sun, 06 Nox 1994 08:49:37 GMT") == nil)
+        #expect(HTTPDate.parseFixdate("Sun, 06 Nov 1994 08:49:37 UTC") == nil)
+    }
+
     @Test func rejectsGarbage() {
         #expect(HTTPDate.parse("yesterday") == nil)
         #expect(HTTPDate.parse("Sun, 32 Nov 1994 08:49:37 GMT") == nil)
@@ -129,6 +144,13 @@ import Testing
     @Test func urlSegmentsAndNumbering() {
         #expect(SafeFileName.fromURLPath("/files/my%20file.iso") == "my file.iso")
         #expect(SafeFileName.fromURLPath("/") == nil)
+        #expect(SafeFileName.fromURLPath("/a/b/") == "b")
+        #expect(SafeFileName.fromURLPath("/a/x.bin?name=y") == "x.bin")
+        #expect(SafeFileName.fromURLPath("/a/100%25.txt") == "100%.txt")  // decoded once, not twice
+        #expect(SafeFileName.rawPath(ofURL: "https://h.example:8443/a/b%20c.iso?x=/y#f") == "/a/b%20c.iso")
+        #expect(SafeFileName.rawPath(ofURL: "http://h.example?q=/a") == "")
+        #expect(SafeFileName.rawPath(ofURL: "http://h.example") == "")
+        #expect(SafeFileName.rawPath(ofURL: "no scheme") == nil)
         #expect(SafeFileName.numbered("a.tar.gz", 2) == "a.tar (2).gz")
         #expect(SafeFileName.numbered("README", 1) == "README (1)")
     }
@@ -158,5 +180,22 @@ import Testing
         #expect(ExpectedDigest(checksumArgument: "sha-256=abc") == nil)
         #expect(ExpectedDigest(checksumArgument: "crc32=abcd") == nil)
         #expect(ExpectedDigest(checksumArgument: "md5=\(String(repeating: "zz", count: 16))") == nil)
+    }
+}
+
+@Suite struct CompletionRecordEncodingTests {
+    /// The hand-written JSON of a completion record is what JSONEncoder would write: JSONDecoder
+    /// reads it back equal, whatever the strings hold.
+    @Test(arguments: [false, true])
+    func handWrittenJSONDecodesToTheSameRecord(full: Bool) throws {
+        let record = CompletionRecord(
+            url: "https://h.example/a \"quoted\" \\ path/\u{1}\u{1F}é€😀?x=1&y=/z", name: "naïve \"résumé\".pdf",
+            validators: full ? Validators(etag: EntityTag("W/\"x\\y\""), lastModified: "Sun, 06 Nov 1994 08:49:37 GMT",
+                                          lastModifiedIsStrong: true) : nil,
+            length: 9_007_199_254_740_993, mtime: -5,
+            digest: full ? ExpectedDigest(source: "--checksum", algorithm: .sha256, bytes: Array(0...31)) : nil)
+        let decoded = try JSONDecoder().decode(CompletionRecord.self, from: Data(record.json))
+        #expect(decoded == record)
+        #expect(decoded == (try JSONDecoder().decode(CompletionRecord.self, from: JSONEncoder().encode(record))))
     }
 }

@@ -15,17 +15,20 @@ import SystemPackage
 public final class Downloader: Sendable {
     let transport: any Transport
     let options: DownloadOptions
+    let monitor: DownloadMonitor
 
     /// A downloader on AsyncHTTPClient.
     public init(options: DownloadOptions = DownloadOptions(), transport: HTTPClientTransport.Options = .init()) {
         self.options = options
         self.transport = HTTPClientTransport(options: transport)
+        monitor = DownloadMonitor(interval: min(options.progressInterval, options.checkpointInterval))
     }
 
     /// A downloader on any transport (tests, other HTTP stacks).
     public init(options: DownloadOptions, transport: any Transport) {
         self.options = options
         self.transport = transport
+        monitor = DownloadMonitor(interval: min(options.progressInterval, options.checkpointInterval))
     }
 
     /// Downloads `request`, resuming whatever an earlier run left. Cancelling the calling task
@@ -42,7 +45,8 @@ public final class Downloader: Sendable {
         do {
             var options = options
             if let n = request.connections { options.connections = min(32, max(1, n)) }
-            let run = try FileDownload(request: request, options: options, transport: transport, onEvent: onEvent)
+            let run = try FileDownload(request: request, options: options, transport: transport, monitor: monitor,
+                                   onEvent: onEvent)
             return try await run.run()
         } catch let e as PickupError {
             throw e

@@ -12,8 +12,11 @@ extension FileDownload {
             raw = fixed
         } else {
             let suggested = head?["Content-Disposition"].flatMap(ContentDisposition.filename).flatMap(SafeFileName.sanitize)
-            let fromURL = [resolvedURL, request.url].lazy.compactMap { URL(string: $0)?.path }
-                .compactMap(SafeFileName.fromURLPath).compactMap(SafeFileName.sanitize).first
+            var fromURL: String? = nil
+            for url in [resolvedURL, request.url] where suggested == nil && fromURL == nil {
+                fromURL = SafeFileName.rawPath(ofURL: url).flatMap { SafeFileName.fromURLPath(String($0)) }
+                    .flatMap(SafeFileName.sanitize)
+            }
             raw = suggested ?? fromURL ?? "download"
         }
         record.target = freePath(for: raw).string
@@ -77,7 +80,7 @@ extension FileDownload {
         }
         if lock.withLock({ controlOnDisk }) { ControlFile.remove(controlPath) }
         FS.syncDirectory(directory)
-        if let encoded { store.index(encoded, url: completion.url, directory: directory) }
+        store.index(encoded, url: completion.url, directory: directory)
         return (target, size)
     }
 

@@ -370,6 +370,7 @@ extension FileDownload {
                         if options.adaptiveConnections, tuner == nil {
                             tuner = ConnectionTuner(threads: options.transportThreads)
                             _ = tuner?.add(tunerSample(connections: running))
+                            monitor.sampleOften()
                         }
                         moreConnections?.yield()
                     }

@@ -14,6 +14,7 @@ final class FileDownload: @unchecked Sendable {
     let options: DownloadOptions
     let transport: any Transport
     let onEvent: @Sendable (DownloadEvent) -> Void
+    let monitor: DownloadMonitor
     let store: CompletionStore
     let directory: FilePath
     let partialPath: FilePath
@@ -50,11 +51,15 @@ final class FileDownload: @unchecked Sendable {
     /// Whether the record changed since it was last written.
     var controlDirty = false
 
-    init(request: DownloadRequest, options: DownloadOptions, transport: any Transport,
+    let tickLock = NIOLock()
+    var ticks = Ticks()
+
+    init(request: DownloadRequest, options: DownloadOptions, transport: any Transport, monitor: DownloadMonitor? = nil,
          onEvent: @escaping @Sendable (DownloadEvent) -> Void) throws(PickupError) {
         self.request = request
         self.options = options
         self.transport = transport
+        self.monitor = monitor ?? DownloadMonitor(interval: min(options.progressInterval, options.checkpointInterval))
         self.onEvent = onEvent
         self.store = CompletionStore(stateDirectory: options.stateDirectory ?? StateDirectory.default)
         (directory, partialPath, controlPath) = try Self.paths(for: request)
@@ -113,11 +118,11 @@ final class FileDownload: @unchecked Sendable {
         }
         lock.withLock { keptFromStart = heldBytes() }
 
-        let monitor = startMonitor()
-        defer { monitor.cancel() }
+        startMonitoring()
+        defer { stopMonitoring() }
         do {
             let unchanged = try await transferAll(file: file, conditional: conditional)
-            monitor.cancel()
+            stopMonitoring()
             if let (path, rec) = unchanged {
                 onEvent(.notice("already downloaded and unchanged on the server: \(path)"))
                 discardPartialIfEmpty()
@@ -130,7 +135,7 @@ final class FileDownload: @unchecked Sendable {
                                   resumedFrom: lock.withLock { keptFromStart },
                                   elapsed: Clock.monotonic() - started)
         } catch {
-            monitor.cancel()
+            stopMonitoring()
             try? checkpoint()
             discardPartialIfEmpty()
             if error is CancellationError { throw PickupError.interrupted }
@@ -249,36 +254,51 @@ final class FileDownload: @unchecked Sendable {
         }
     }
 
-    /// Reports progress every `progressInterval`, checkpoints every `checkpointInterval`, and
-    /// feeds the tuner (more often while it is still deciding).
-    func startMonitor() -> Task<Void, Never> {
-        let interval = options.progressInterval
-        let adaptive = options.adaptiveConnections && options.connections > 1
-        return Task { [self] in
-            var meter = SpeedMeter()
-            let start = Clock.monotonic()
-            var nextProgress = start + interval
-            var nextCheckpoint = start + options.checkpointInterval
-            while !Task.isCancelled {
-                let now = Clock.monotonic()
-                // Sampled often only in the first second, where deciding early pays.
-                let deciding = adaptive && now - start < 1 && lock.withLock { tuner?.phase != .settled }
-                let wake = deciding ? min(nextProgress, now + ConnectionTuner.step) : nextProgress
-                try? await Task.sleep(nanoseconds: UInt64(max(0, wake - now) * 1e9))
-                if Task.isCancelled { break }
-                let t = Clock.monotonic()
-                if t >= nextProgress {
-                    nextProgress = max(nextProgress + interval, t)
-                    let (held, total) = lock.withLock { (heldBytes(), record.totalLength) }
-                    let speed = meter.add(time: t, bytes: transferred.load(ordering: .relaxed))
-                    onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed)))
-                }
-                if t >= nextCheckpoint {
-                    nextCheckpoint = t + options.checkpointInterval
-                    try? checkpoint()
-                }
-                tune()
+    /// What the monitor's ticks need, guarded by `tickLock` (held for a whole tick, so that
+    /// ``stopMonitoring()`` waits for one in progress).
+    struct Ticks {
+        var monitored = false
+        var meter = SpeedMeter()
+        var started = 0.0
+        var lastProgress = 0.0
+        var lastCheckpoint = 0.0
+    }
+
+    /// Starts progress reports, checkpoints and tuner samples (see ``DownloadMonitor``).
+    func startMonitoring() {
+        tickLock.withLock {
+            let now = Clock.monotonic()
+            ticks = Ticks(monitored: true, started: now, lastProgress: now, lastCheckpoint: now)
+        }
+        monitor.add(self)
+    }
+
+    /// Stops them; returns once a tick in progress has ended, so that nothing is reported or
+    /// checkpointed behind the caller's back.
+    func stopMonitoring() {
+        monitor.remove(self)
+        tickLock.withLock { ticks.monitored = false }
+    }
+
+    /// One tick of the monitor: reports progress every `progressInterval` (give or take a tenth:
+    /// ticks are shared by all downloads), checkpoints every `checkpointInterval` (at the first
+    /// tick after it), and feeds the tuner. Returns whether the tuner is still deciding (then ticks come every
+    /// ``ConnectionTuner/step``; only in the first second, where deciding early pays).
+    func tick(now: Double) -> Bool {
+        tickLock.withLock {
+            guard ticks.monitored else { return false }
+            if now - ticks.lastProgress >= options.progressInterval * 0.9 {
+                ticks.lastProgress = now
+                let (held, total) = lock.withLock { (heldBytes(), record.totalLength) }
+                let speed = ticks.meter.add(time: now, bytes: transferred.load(ordering: .relaxed))
+                onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed)))
             }
+            if now - ticks.lastCheckpoint >= options.checkpointInterval {
+                ticks.lastCheckpoint = now
+                try? checkpoint()
+            }
+            tune()
+            return now - ticks.started < 1 && lock.withLock { tuner != nil && tuner?.phase != .settled }
         }
     }
 

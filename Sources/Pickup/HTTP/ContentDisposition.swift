@@ -147,12 +147,56 @@ public enum SafeFileName {
         return truncate("\(stem) (\(n))\(ext)", maxBytes: 255)
     }
 
+    /// The path of an absolute URL as written (still percent-encoded): what follows the authority,
+    /// up to a query or fragment; nil when `url` has no `scheme://`.
+    public static func rawPath(ofURL url: String) -> Substring? {
+        let u = url.utf8
+        // "://" by bytes (String.range(of:) goes through Foundation and costs more than the rest).
+        var i = u.startIndex
+        var authority: String.Index? = nil
+        while i < u.endIndex {
+            if u[i] == UInt8(ascii: ":") {
+                let a = u.index(after: i)
+                if a < u.endIndex, u[a] == UInt8(ascii: "/") {
+                    let b = u.index(after: a)
+                    if b < u.endIndex, u[b] == UInt8(ascii: "/") {
+                        authority = u.index(after: b)
+                        break
+                    }
+                }
+            }
+            i = u.index(after: i)
+        }
+        guard var j = authority else { return nil }
+        var slash: String.Index? = nil
+        while j < u.endIndex, u[j] != UInt8(ascii: "?"), u[j] != UInt8(ascii: "#") {
+            if slash == nil, u[j] == UInt8(ascii: "/") { slash = j }
+            j = u.index(after: j)
+        }
+        guard let slash else { return "" }
+        return url[slash..<j]
+    }
+
     /// The last path segment of a URL path, percent-decoded; nil for an empty segment.
     public static func fromURLPath(_ path: String) -> String? {
-        let noQuery = path.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-        guard let last = noQuery.split(separator: "/").last,
-            let bytes = PercentDecoding.bytes(last),
-            let decoded = String(validating: bytes, as: UTF8.self)
+        let u = path.utf8
+        let end = u.firstIndex(of: UInt8(ascii: "?")) ?? u.endIndex
+        var start = u.startIndex
+        var i = start
+        while i < end {
+            if u[i] == UInt8(ascii: "/") { start = u.index(after: i) }
+            i = u.index(after: i)
+        }
+        // A trailing slash: the last segment that has something in it.
+        if start == end {
+            guard let last = path[..<end].split(separator: "/").last else { return nil }
+            return decodedSegment(last)
+        }
+        return decodedSegment(path[start..<end])
+    }
+
+    static func decodedSegment(_ segment: Substring) -> String? {
+        guard let bytes = PercentDecoding.bytes(segment), let decoded = String(validating: bytes, as: UTF8.self)
         else { return nil }
         return decoded.isEmpty ? nil : decoded
     }

@@ -10,6 +10,7 @@ public enum HTTPDate {
 
     /// Seconds since 1970-01-01T00:00:00Z, or nil when the value is not an HTTP-date.
     public static func parse(_ value: String) -> Int64? {
+        if let t = parseFixdate(value) { return t }
         let parts = value.split(whereSeparator: { $0 == " " || $0 == "," }).map(String.init)
         // IMF-fixdate: [Sun] [06] [Nov] [1994] [08:49:37] [GMT]
         if parts.count == 6, parts[5] == "GMT", let day = Int(parts[1]), let month = monthIndex(parts[2]),
@@ -34,6 +35,36 @@ public enum HTTPDate {
         }
         return nil
     }
+
+    /// IMF-fixdate, the form every current server sends, read straight from its 29 bytes
+    /// (`Sun, 06 Nov 1994 08:49:37 GMT`); nil for anything else (then the general parser decides).
+    static func parseFixdate(_ value: String) -> Int64? {
+        var value = value
+        return value.withUTF8 { b -> Int64? in
+            guard b.count == 29, b[3] == UInt8(ascii: ","), b[4] == 0x20, b[7] == 0x20, b[11] == 0x20, b[16] == 0x20,
+                b[19] == UInt8(ascii: ":"), b[22] == UInt8(ascii: ":"), b[25] == 0x20,
+                b[26] == UInt8(ascii: "G"), b[27] == UInt8(ascii: "M"), b[28] == UInt8(ascii: "T")
+            else { return nil }
+            func digits(_ from: Int, _ count: Int) -> Int? {
+                var v = 0
+                for i in from..<from + count {
+                    let d = Int(b[i]) - 48
+                    guard (0...9).contains(d) else { return nil }
+                    v = v * 10 + d
+                }
+                return v
+            }
+            // The month's three letters, case-insensitively, as one number to compare.
+            let key = (Int(b[8] | 0x20) << 16) | (Int(b[9] | 0x20) << 8) | Int(b[10] | 0x20)
+            guard let day = digits(5, 2), let year = digits(12, 4), let h = digits(17, 2), let m = digits(20, 2),
+                let sec = digits(23, 2), h < 24, m < 60, sec <= 60,
+                let month = monthKeys.firstIndex(of: key)
+            else { return nil }
+            return epoch(year: year, month: month + 1, day: day, time: Int64(h * 3600 + m * 60 + sec))
+        }
+    }
+
+    static let monthKeys: [Int] = months.map { name in name.utf8.reduce(0) { $0 << 8 | Int($1) } }
 
     /// Formats seconds since the epoch as an IMF-fixdate.
     public static func format(_ seconds: Int64) -> String {

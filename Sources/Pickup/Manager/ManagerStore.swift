@@ -76,7 +76,9 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
 /// The manager's SQLite database (`manager.sqlite` in the state directory), through GRDB.
 ///
 /// WAL mode with `synchronous=NORMAL`: every commit is atomic and survives the process being
-/// killed at any point (a power cut may lose the last commits, never corrupt the file).
+/// killed at any point (a power cut may lose the last commits, never corrupt the file). The
+/// connection holds the file in exclusive locking mode (the manager's lock already keeps other
+/// processes out), so a commit takes no file locks and no shared-memory index is made.
 /// Migrations are named and append-only: never edit one that has shipped, add the next.
 final class ManagerStore: Sendable {
     let db: DatabaseQueue
@@ -85,6 +87,8 @@ final class ManagerStore: Sendable {
         var config = Configuration()
         config.label = "pickup.manager"
         config.prepareDatabase { db in
+            // Before WAL is entered, so that SQLite never creates the -shm file.
+            try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
             try db.execute(sql: "PRAGMA journal_mode = WAL")
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
         }

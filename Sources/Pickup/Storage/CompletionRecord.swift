@@ -50,32 +50,33 @@ public struct CompletionStore: Sendable {
         return stateDirectory.appending("completed").appending("\(key).json")
     }
 
-    static let encoder = JSONEncoder()
-
     /// Attaches the record to the open file (before its rename), where extended attributes exist;
     /// returns its encoding, for ``index(_:url:directory:)``.
     @discardableResult
-    func attach(_ record: CompletionRecord, to file: PartialFile) -> Data? {
-        guard let data = try? Self.encoder.encode(record) else { return nil }
+    func attach(_ record: CompletionRecord, to file: PartialFile) -> [UInt8] {
+        let data = record.json
         _ = data.withUnsafeBytes { pickup_fsetxattr(file.fd.rawValue, Self.attribute, $0.baseAddress, $0.count) }
         return data
     }
 
     /// Records the finished file (its encoded record) in the state directory (best effort: the file
     /// itself is done).
-    func index(_ data: Data, url: String, directory: FilePath) {
+    func index(_ data: [UInt8], url: String, directory: FilePath) {
         let path = indexPath(directory: directory, url: url)
-        try? FS.makeDirectories(path.removingLastComponent())
-        // Written and renamed, not fsynced: the finished file carries its own record (an extended
-        // attribute) and a lost index entry only costs a conditional request later.
-        let tmp = FilePath(path.string + ".tmp")
-        do {
-            let fd = try FileDescriptor.open(tmp, .writeOnly, options: [.create, .truncate, .closeOnExec],
+        // Written in place, not renamed or fsynced: the finished file carries its own record (an
+        // extended attribute), and an entry lost or torn by a crash reads as no entry, which only
+        // costs a conditional request later.
+        func write() throws {
+            let fd = try FileDescriptor.open(path, .writeOnly, options: [.create, .truncate, .closeOnExec],
                                              permissions: [.ownerReadWrite])
             _ = try fd.closeAfter { try fd.writeAll(data) }
-            try FS.rename(tmp, path)
+        }
+        do {
+            try write()
         } catch {
-            FS.remove(tmp)
+            // The first entry of this state directory: make its folder.
+            try? FS.makeDirectories(path.removingLastComponent())
+            try? write()
         }
     }
 
@@ -92,8 +93,8 @@ public struct CompletionStore: Sendable {
     /// attribute says so or its modification time is unchanged.
     public func lookup(url: String, directory: FilePath, name: String?) -> (FilePath, CompletionRecord)? {
         var candidates: [(FilePath, CompletionRecord?)] = []
-        if let data = FileManager.default.contents(atPath: indexPath(directory: directory, url: url).string),
-            let rec = try? JSONDecoder().decode(CompletionRecord.self, from: data), name == nil || rec.name == name
+        if let data = FS.readFile(indexPath(directory: directory, url: url), limit: 65536),
+            let rec = try? JSONDecoder().decode(CompletionRecord.self, from: Data(data)), name == nil || rec.name == name
         {
             candidates.append((directory.appending(rec.name), rec))
         }

@@ -93,8 +93,8 @@ public enum ControlFile {
 
     /// Reads the control file at `path`; nil when missing or untrustworthy.
     public static func load(_ path: FilePath) -> ControlRecord? {
-        guard let data = FileManager.default.contents(atPath: path.string) else { return nil }
-        return decode(Array(data))
+        guard let data = FS.readFile(path, limit: 64 << 20) else { return nil }
+        return decode(data)
     }
 
     /// Replaces the control file atomically and durably.

@@ -1,3 +1,4 @@
+import CPickupShims
 import SystemPackage
 
 #if canImport(Glibc)
@@ -139,13 +140,37 @@ enum FS {
         _ = unlink(path.string)
     }
 
+    /// A small file's bytes (at most `limit`); nil when it cannot be opened or is larger. Plain
+    /// `open`/`read`: FileManager builds an error object for every missing file, and most of the
+    /// files looked for here (control files, index entries) are missing.
+    static func readFile(_ path: FilePath, limit: Int = 1 << 20) -> [UInt8]? {
+        guard let fd = try? FileDescriptor.open(path, .readOnly, options: [.closeOnExec]) else { return nil }
+        defer { try? fd.close() }
+        var bytes: [UInt8] = []
+        var chunk = 16384
+        while true {
+            let start = bytes.count
+            bytes.append(contentsOf: repeatElement(0, count: chunk))
+            let n = (try? bytes.withUnsafeMutableBytes { try fd.read(into: UnsafeMutableRawBufferPointer(rebasing: $0[start...])) }) ?? -1
+            guard n >= 0 else { return nil }
+            bytes.removeLast(chunk - n)
+            if n == 0 { return bytes }
+            guard bytes.count <= limit else { return nil }
+            chunk = min(chunk * 2, 1 << 20)
+        }
+    }
+
     static func rename(_ from: FilePath, _ to: FilePath) throws(PickupError) {
         if Foundation_rename(from.string, to.string) != 0 { throw .fileSystem(to.string, Errno(rawValue: errno)) }
     }
 
-    /// Moves `from` to `to` only if nothing is at `to` (hard link then unlink: atomic, never
-    /// replaces). Falls back to a checked rename on file systems without hard links.
+    /// Moves `from` to `to` only if nothing is at `to`: an exclusive rename where the platform
+    /// has one (`renameat2` with `RENAME_NOREPLACE`, `renamex_np` with `RENAME_EXCL`), else a hard
+    /// link then unlink (atomic too, never replaces), else a checked rename on file systems
+    /// without hard links.
     static func moveNoReplace(_ from: FilePath, _ to: FilePath) throws(PickupError) {
+        if pickup_rename_noreplace(from.string, to.string) == 0 { return }
+        if errno == EEXIST { throw .targetExists(to.string) }
         if link(from.string, to.string) == 0 {
             _ = unlink(from.string)
             return
