@@ -28,6 +28,8 @@ import TestServer
         #expect(t.add(s) == nil)
         // The first window (connections opening) is skipped even though it is busy.
         #expect(Self.feed(&t, from: &s, steps: 1, load: 2, rate: 1e9, connections: 16) == [])
+        // One busy window is not enough; the second in a row is.
+        #expect(Self.feed(&t, from: &s, steps: 1, load: 1.8, rate: 1e9, connections: 16) == [])
         #expect(Self.feed(&t, from: &s, steps: 1, load: 1.8, rate: 1e9, connections: 16) == [.shed])
         // One connection goes as fast: the shedding stays, and nothing more happens.
         #expect(Self.feed(&t, from: &s, steps: 10, load: 1, rate: 0.9e9, connections: 1) == [])
@@ -38,7 +40,7 @@ import TestServer
         var t = ConnectionTuner(threads: 2)
         var s = Sample(time: 0, cpu: 0, bytes: 0, connections: 8)
         _ = t.add(s)
-        #expect(Self.feed(&t, from: &s, steps: 2, load: 1.5, rate: 80e6, connections: 8) == [.shed])
+        #expect(Self.feed(&t, from: &s, steps: 3, load: 1.5, rate: 80e6, connections: 8) == [.shed])
         // Each connection was capped: one alone brings an eighth.
         #expect(Self.feed(&t, from: &s, steps: 4, load: 1.5, rate: 10e6, connections: 1) == [.restore])
         // Decided once: busy windows later shed nothing.
@@ -51,6 +53,21 @@ import TestServer
         _ = t.add(s)
         // 16 connections capped at 20 MiB/s use a fraction of one core.
         #expect(Self.feed(&t, from: &s, steps: 30, load: 0.4, rate: 320e6, connections: 16) == [])
+        #expect(t.phase == .watching)
+    }
+
+    @Test func aBurstAtTheStartOfAThrottledDownloadShedsNothing() {
+        // nginx's limit_rate lets each new connection send a socket's worth at once: one busy
+        // window after the warmup, then the capped connections use a fraction of a core.
+        var t = ConnectionTuner(threads: 2)
+        var s = Sample(time: 0, cpu: 0, bytes: 0, connections: 16)
+        _ = t.add(s)
+        #expect(Self.feed(&t, from: &s, steps: 1, load: 2, rate: 1e9, connections: 16) == [])
+        #expect(Self.feed(&t, from: &s, steps: 1, load: 1.6, rate: 900e6, connections: 16) == [])
+        #expect(Self.feed(&t, from: &s, steps: 1, load: 0.5, rate: 320e6, connections: 16) == [])
+        // A later lone busy window (a burst of wakeups) does not count either.
+        #expect(Self.feed(&t, from: &s, steps: 1, load: 1.2, rate: 320e6, connections: 16) == [])
+        #expect(Self.feed(&t, from: &s, steps: 20, load: 0.4, rate: 320e6, connections: 16) == [])
         #expect(t.phase == .watching)
     }
 

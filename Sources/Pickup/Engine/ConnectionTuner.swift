@@ -12,7 +12,9 @@ import NIOConcurrencyHelpers
 /// reads, more wakeups, writers contending for one file) and help nothing when this process is
 /// what limits the speed (a fast LAN, loopback, a slow CPU). So while the download runs on several
 /// connections, the tuner watches the process's CPU time: when it uses at least `busyShare` of the
-/// threads its connections can run on, it asks to *shed* to one connection. It then compares the
+/// threads its connections can run on, in `busyWindows` windows in a row (a server that lets every
+/// new connection burst, as nginx's `limit_rate` does, makes one busy window at the start of a
+/// throttled download), it asks to *shed* to one connection. It then compares the
 /// speed on one connection with the speed before: if one connection is clearly slower (below
 /// `keepShare` of it, over `verifyWindow`), the connections were earning their keep after all, and it asks to
 /// *restore* them. It decides once per run either way, so it never oscillates.
@@ -47,6 +49,8 @@ struct ConnectionTuner: Sendable, Equatable {
 
     /// Share of the usable threads the process must keep busy for the download to count as CPU-bound.
     var busyShare = 0.5
+    /// Busy windows in a row that make the download count as CPU-bound.
+    var busyWindows = 2
     /// Share of the earlier speed one connection must keep for the shedding to stay (connections
     /// that were each capped lose far more: one of N keeps about 1/N).
     var keepShare = 0.6
@@ -63,6 +67,8 @@ struct ConnectionTuner: Sendable, Equatable {
     /// Where watching began: the speed before shedding is measured from here, over every window
     /// watched rather than the last one alone.
     private var watchStart: Sample?
+    /// Busy windows in a row so far.
+    private var busyInARow = 0
 
     init(threads: Int) {
         self.threads = max(1, threads)
@@ -87,7 +93,12 @@ struct ConnectionTuner: Sendable, Equatable {
         case .watching:
             guard s.connections > 1, previous.connections > 1 else { return nil }
             let load = (s.cpu - previous.cpu) / window
-            guard load >= busyShare * Double(min(threads, s.connections)), rate > 0 else { return nil }
+            guard load >= busyShare * Double(min(threads, s.connections)), rate > 0 else {
+                busyInARow = 0
+                return nil
+            }
+            busyInARow += 1
+            guard busyInARow >= busyWindows else { return nil }
             let from = watchStart ?? previous
             phase = .shed(rate: Double(s.bytes - from.bytes) / (s.time - from.time), since: nil)
             return .shed

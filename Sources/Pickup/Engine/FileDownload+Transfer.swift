@@ -201,7 +201,7 @@ extension FileDownload {
             var failure: String? = nil
             var retryAfter: Int64? = nil
             do {
-                try await transport.fetch(FetchRequest(url: url, headers: headers), into: sink)
+                try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id), into: sink)
             } catch is RangeComplete {
                 return .done
             } catch let e as TransportError {

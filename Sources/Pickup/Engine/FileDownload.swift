@@ -51,6 +51,11 @@ final class FileDownload: @unchecked Sendable {
     /// Whether the record changed since it was last written.
     var controlDirty = false
 
+    /// Connection `i` of this download asks for ``FetchRequest/lane`` `laneBase + i`: each keeps
+    /// its own thread and socket from range to range, and downloads at once spread over the threads.
+    let laneBase = FileDownload.lanes.loadThenWrappingIncrement(ordering: .relaxed)
+    static let lanes = ManagedAtomic(0)
+
     let tickLock = NIOLock()
     var ticks = Ticks()
 

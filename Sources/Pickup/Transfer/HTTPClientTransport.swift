@@ -37,6 +37,8 @@ public final class HTTPClientTransport: Transport {
     }
 
     let client: HTTPClient
+    /// The client's event loops, which ``FetchRequest/lane`` picks from.
+    let loops: [any EventLoop]
     let budget: ReadBudget
     let defaultHeaders: HTTPHeaders
     let isShutDown = ManagedAtomic(false)
@@ -65,6 +67,7 @@ public final class HTTPClientTransport: Transport {
             channel.setOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
         }
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: config)
+        loops = Array(client.eventLoopGroup.makeIterator())
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
     }
 
@@ -79,7 +82,14 @@ public final class HTTPClientTransport: Transport {
         }
         budget.inFlight.wrappingIncrement(ordering: .relaxed)
         defer { budget.inFlight.wrappingDecrement(ordering: .relaxed) }
-        let task = client.execute(request: req, delegate: SinkDelegate(sink))
+        // A lane keeps a request's delegate on one event loop, where AsyncHTTPClient then prefers
+        // an idle connection (and opens new ones). Left to itself it runs each request's delegate
+        // on the next loop in turn while reusing an idle connection from any loop, and hands every
+        // chunk from one loop to the other. (`.delegateAndChannel` would be exact, but opens a
+        // throwaway "overflow" connection whenever none is idle on that loop.)
+        let preference: HTTPClient.EventLoopPreference =
+            request.lane.map { .delegate(on: loops[$0 % loops.count]) } ?? .indifferent
+        let task = client.execute(request: req, delegate: SinkDelegate(sink), eventLoop: preference)
         do {
             try await withTaskCancellationHandler {
                 try await task.futureResult.get()

@@ -4,11 +4,16 @@ public struct FetchRequest: Sendable {
     public var url: String
     /// Header fields to add to the transport's defaults.
     public var headers: [(name: String, value: String)]
+    /// Requests with the same lane should run on the same thread and connection where the
+    /// transport can arrange it (a connection's successive ranges then reuse its socket without
+    /// handing every chunk to another thread); nil: wherever is free.
+    public var lane: Int?
 
     /// A request.
-    public init(url: String, headers: [(name: String, value: String)] = []) {
+    public init(url: String, headers: [(name: String, value: String)] = [], lane: Int? = nil) {
         self.url = url
         self.headers = headers
+        self.lane = lane
     }
 }
 
