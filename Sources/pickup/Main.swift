@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Pickup
 
 /// Exit codes, documented in the README.
 enum Exit {
@@ -19,6 +20,7 @@ struct PickupCommand: AsyncParsableCommand {
         commandName: "pickup",
         abstract: "Resumable, crash-safe downloads.",
         discussion: "Run the same command again after any interruption and the download picks up where it left off.",
+        version: PickupVersion.string,
         subcommands: [Get.self, Serve.self, Add.self, List.self, Pause.self, Resume.self, Remove.self, Watch.self])
 }
 

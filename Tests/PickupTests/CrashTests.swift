@@ -129,6 +129,12 @@ enum CLI {
         await server.stop()
     }
 
+    @Test func versionIsPrintedAndExitsZero() throws {
+        let result = try CLI.output(["--version"])
+        #expect(result.status == 0)
+        #expect(result.text == PickupVersion.string + "\n")
+    }
+
     @Test func sigtermCheckpointsAndExitsWithItsCode() async throws {
         let server = try await TestServer.start()
         let body = Resource.bytes(count: 8 * 1024 * 1024, seed: 5)
