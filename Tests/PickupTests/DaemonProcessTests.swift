@@ -138,7 +138,7 @@ struct ServeProcess {
         let s = ["--state", state.path.string]
         // `pickup watch` on a pipe: a line per change, from the snapshot on.
         let watchLog = state.file("watch.log")
-        FileManager.default.createFile(atPath: watchLog.string, contents: nil)
+        _ = FileManager.default.createFile(atPath: watchLog.string, contents: nil)
         let watch = Process()
         watch.executableURL = URL(fileURLWithPath: CLI.binary)
         watch.arguments = ["watch"] + s

@@ -38,6 +38,28 @@ import TestServer
         await f.close()
     }
 
+    @Test func aRangeStalledNearItsEndIsTakenOverByAConnectionOutOfWork() async throws {
+        // The first connection gets all but 20 KiB of its half (less than the minimum split) and
+        // then nothing more; the stall timeout is far away, so only the endgame finishes quickly,
+        // and without a retry.
+        let f = try await Fixture(stall: 30, connections: 2)
+        let body = Resource.bytes(count: 4 * 1024 * 1024, seed: 9)
+        let tail = 2 * 1024 * 1024 - 20 * 1024
+        f.server.set("/e.bin", {
+            var r = Resource(body: body, bytesPerSecond: 4 * 1024 * 1024)
+            r.firstRangeBytesPerSecond = 64 * 1024 * 1024
+            r.firstRangeStallAfter = tail
+            return r
+        }())
+        _ = try await f.get("/e.bin")
+        #expect(f.dir.read("e.bin") == body)
+        let requests = f.server.requests("/e.bin")
+        #expect(requests.first?.bytesSent == tail)
+        #expect(requests.contains { $0.headers["range"] == "bytes=\(tail)-\(2 * 1024 * 1024 - 1)" })
+        #expect(f.events.notices.isEmpty, "the stalled range was retried: \(f.events.notices)")
+        await f.close()
+    }
+
     /// Servers and files that one connection must serve alone, silently.
     enum OneConnection: String, CaseIterable, Sendable {
         case noRangeSupport, onlyAWeakETag, smallFile

@@ -115,4 +115,43 @@ import Testing
         #expect(s.isComplete)
         #expect(s.records.map(\.done) == [5 * MiB, 5 * MiB])
     }
+
+    /// Connection 1 is out of work; connection 0 has 40 KiB left of its half (far below the
+    /// minimum split) at 20 MiB/s, on a server whose new requests answer in 1 ms.
+    func endgame() -> SegmentScheduler {
+        var s = twoConnections(total: 4 * MiB)
+        s.report(1, done: 2 * MiB)
+        s.report(0, done: 2 * MiB - 40 * 1024)
+        return s
+    }
+
+    @Test func endgameTakesAStalledTailWholeHoweverSmall() {
+        var s = endgame()
+        // 40 KiB at 20 MiB/s is 2 ms of work; no progress for 50 ms is a stall.
+        let q = SegmentScheduler.Quiet(seconds: 0.05, rate: 20 * Double(MiB), latency: 0.001)
+        let a = s.next(for: 1, rates: [0: 20 * Double(MiB)], thiefRate: 20 * Double(MiB), connections: 2, quiet: [0: q])
+        #expect(a?.shrunk?.segment == 0)
+        #expect(a?.shrunk?.end == 2 * MiB - 40 * 1024)  // the stalled connection keeps nothing more
+        #expect(s.segments[a!.segment].start == 2 * MiB - 40 * 1024)
+        #expect(s.segments[a!.segment].end == 2 * MiB)
+        #expect(s.segments[0].remaining == 0)
+        checkCoverage(s)
+    }
+
+    @Test func endgameLeavesARangeThatIsMerelyBetweenReads() {
+        // Quiet for less than twice what its rest takes at its speed.
+        var s = endgame()
+        let slow = SegmentScheduler.Quiet(seconds: 0.05, rate: 1 * Double(MiB), latency: 0.001)  // 40 KiB: 39 ms of work
+        #expect(s.next(for: 1, connections: 2, quiet: [0: slow]) == nil)
+        // Quiet for less than twice what a new request takes to answer.
+        let far = SegmentScheduler.Quiet(seconds: 0.05, rate: 20 * Double(MiB), latency: 0.03)
+        #expect(s.next(for: 1, connections: 2, quiet: [0: far]) == nil)
+        // Without a measure of quiet, nothing below the minimum split is taken.
+        #expect(s.next(for: 1, connections: 2) == nil)
+        #expect(s.segments.count == 2)
+        #expect(s.segments[0].end == 2 * MiB)
+        // The stall threshold itself.
+        #expect(slow.stallTime(remaining: 40 * 1024) > 0.05)
+        #expect(far.stallTime(remaining: 40 * 1024) == 0.06)
+    }
 }

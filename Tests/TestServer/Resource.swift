@@ -42,6 +42,9 @@ public struct Resource: Sendable {
     public var maxConcurrent: Int?
     /// Requests whose `Range` starts at byte 0 are sent at this rate (the one slow connection).
     public var firstRangeBytesPerSecond: Int?
+    /// Requests whose `Range` starts at byte 0 send this many body bytes, then nothing more while
+    /// the connection stays open (a connection that stalls near the end of its range).
+    public var firstRangeStallAfter: Int?
 
     /// A resource; by default with a strong ETag, range support and a Content-Length.
     public init(

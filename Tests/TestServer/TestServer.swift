@@ -140,7 +140,8 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
             return Plan(status: redirect.status, headers: [("Location", redirect.location)], body: [], fault: nil,
                         rate: nil, logIndex: index)
         }
-        let fault = r.faults.isEmpty ? nil : r.faults.removeFirst()
+        var fault = r.faults.isEmpty ? nil : r.faults.removeFirst()
+        if fault == nil, let n = r.firstRangeStallAfter, recorded["range"]?.hasPrefix("bytes=0-") == true { fault = .stallAfter(n) }
         state.resources[path] = r
         if let change = state.changes[path], state.log.filter({ $0.uri == req.uri }).count >= change.after {
             state.resources[path] = change.to

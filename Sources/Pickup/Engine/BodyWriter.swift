@@ -58,6 +58,8 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     private var offset: Int64 = 0
     private var responseEnd: Int64 = .max
     private var discarded = 0
+    /// When the request was made (this object is made just before it is sent).
+    private let sent = Clock.monotonic()
 
     /// Bodies of redirects and errors are read and dropped, up to this many bytes.
     static let maxDiscard = 1 << 20
@@ -73,7 +75,8 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     func receiveHead(_ head: ResponseHead) throws {
         let d = ResponseDecision.decide(head, context: context, now: Clock.wallSeconds())
         decision = d
-        if let (cursor, start, end) = try download.beginWriting(decision: d, head: head, context: context, cursor: cursor) {
+        if let (cursor, start, end) = try download.beginWriting(decision: d, head: head, context: context, cursor: cursor,
+                                                                     latency: Clock.monotonic() - sent) {
             self.cursor = cursor
             offset = start
             responseEnd = end ?? .max

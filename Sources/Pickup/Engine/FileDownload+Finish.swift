@@ -48,6 +48,7 @@ extension FileDownload {
             record.totalLength = size
             record.segments = [SegmentRecord(start: 0, end: size, done: size)]
             cursors = [:]
+            lastSeen = [:]
             scheduler = nil
             if record.target == nil { try chooseTarget(head: nil) }
             // Recorded as complete before verifying (a kill then costs a verification, not the

@@ -91,6 +91,12 @@ extension FileDownload {
                 }
                 conditional = nil
                 cursor = assign(id)
+                // Endgame: out of work while other ranges are still running; wait until one of
+                // them could count as stalled and ask again (cancelled when every byte is held).
+                while cursor == nil, let wait = endgameWait(id) {
+                    try await Task.sleep(nanoseconds: UInt64(wait * 1e9))
+                    cursor = assign(id)
+                }
             }
             // Shed (see ``ConnectionTuner``): wait in case the connections are brought back; the
             // wait ends by cancellation when the download is complete.
@@ -122,17 +128,11 @@ extension FileDownload {
                 return nil
             }
             let now = Clock.monotonic()
-            var rates: [Int: Double] = [:]
-            var ownRate: Double? = nil
-            for (i, c) in cursors {
-                s.report(i, done: c.written)
-                guard let owner = s.segments[i].owner, let r = c.rate(now: now) else { continue }
-                if owner == id { ownRate = r } else { rates[i] = r }
-            }
+            let (rates, ownRate, quiet) = observe(&s, for: id, now: now)
             // The thief is expected to go as fast as it did on the range it just finished; a
             // connection with no history yet, as fast as the fastest live one.
             guard let a = s.next(for: id, rates: rates, thiefRate: ownRate ?? rates.values.max(),
-                                 connections: options.connections) else {
+                                 connections: options.connections, quiet: quiet) else {
                 scheduler = s
                 return nil
             }
@@ -145,6 +145,53 @@ extension FileDownload {
             let cursor = SegmentCursor(segment: a.segment, start: seg.start, position: seg.next, end: seg.end)
             cursors[a.segment] = cursor
             return cursor
+        }
+    }
+
+    /// Reports every range's progress to `s` and measures, by segment, the speed of the other
+    /// connections, the speed of `id`'s own last range, and how long each range that has received
+    /// bytes in this run has not moved (once a request's latency is known). With `lock` held.
+    func observe(_ s: inout SegmentScheduler, for id: Int, now: Double)
+        -> (rates: [Int: Double], own: Double?, quiet: [Int: SegmentScheduler.Quiet])
+    {
+        var rates: [Int: Double] = [:]
+        var own: Double? = nil
+        var quiet: [Int: SegmentScheduler.Quiet] = [:]
+        for (i, c) in cursors {
+            s.report(i, done: c.written)
+            let position = c.position.load(ordering: .relaxed)
+            if let seen = lastSeen[i], seen.position == position {
+                if position > c.beganAt, s.segments[i].owner != id, let latency {
+                    let rate = Double(position - c.beganAt) / max(seen.since - c.began, 0.001)
+                    quiet[i] = .init(seconds: now - seen.since, rate: rate, latency: latency)
+                }
+            } else {
+                lastSeen[i] = (position, now)
+            }
+            guard let owner = s.segments[i].owner, let r = c.rate(now: now) else { continue }
+            if owner == id { own = r } else { rates[i] = r }
+        }
+        return (rates, own, quiet)
+    }
+
+    /// Seconds until a range could count as stalled for the scheduler's endgame, if it does not
+    /// move by then; nil when there is no range to wait on (none left, or shed to another
+    /// connection). A connection out of work waits that long and asks again.
+    func endgameWait(_ id: Int) -> Double? {
+        lock.withLock {
+            guard var s = scheduler, !s.isComplete, keeper == nil || keeper == id, let latency else { return nil }
+            let now = Clock.monotonic()
+            _ = observe(&s, for: id, now: now)
+            scheduler = s
+            var soonest: Double? = nil
+            for (i, c) in cursors where s.segments[i].owner != nil && s.segments[i].owner != id && s.segments[i].remaining > 0 {
+                guard let seen = lastSeen[i], seen.position > c.beganAt else { continue }
+                let rate = Double(seen.position - c.beganAt) / max(seen.since - c.began, 0.001)
+                let q = SegmentScheduler.Quiet(seconds: 0, rate: rate, latency: latency)
+                let at = seen.since + q.stallTime(remaining: s.segments[i].remaining)
+                soonest = min(soonest ?? at, at)
+            }
+            return soonest.map { max(0.001, $0 - now) }
         }
     }
 
@@ -338,8 +385,9 @@ extension FileDownload {
     /// Applies a decision on a response head. Returns the cursor, offset and response end to write
     /// the body with, or nil when the body is not file content.
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
-                      cursor: SegmentCursor) throws -> (SegmentCursor, Int64, Int64?)? {
+                      cursor: SegmentCursor, latency: Double) throws -> (SegmentCursor, Int64, Int64?)? {
         try lock.withLock {
+            self.latency = latency
             guard let file else { return nil }
             switch decision {
             case .append(let at, let end, let total, let validators):

@@ -46,6 +46,11 @@ final class FileDownload: @unchecked Sendable {
     let restore = Gate()
     /// Fed when more connections open and on every progress tick (nil: fixed connections).
     var tuner: ConnectionTuner?
+    /// Where each range's writer was last seen and since when (by segment): how long it has
+    /// stalled, for the scheduler's endgame.
+    var lastSeen: [Int: (position: Int64, since: Double)] = [:]
+    /// Seconds from sending the latest request to its response head: what a new request costs.
+    var latency: Double?
     /// Whether a control file of this download is on disk (loaded, or written by this run).
     var controlOnDisk = false
     /// Whether the record changed since it was last written.
@@ -206,6 +211,7 @@ final class FileDownload: @unchecked Sendable {
             try file.truncate(to: 0)
             keptFromStart = 0
             cursors = [:]
+            lastSeen = [:]
             scheduler = nil
             keeper = nil
             record.validators = nil

@@ -23,6 +23,32 @@ public struct SegmentScheduler: Sendable, Equatable {
     }
 
     /// What a connection should do next.
+    /// How long a range's connection has gone without progress, and how fast it went before.
+    public struct Quiet: Sendable, Equatable {
+        /// Seconds since its last progress.
+        public var seconds: Double
+        /// Its speed since it started on the range, bytes per second.
+        public var rate: Double
+        /// Seconds a new request takes to answer (the download's latest).
+        public var latency: Double
+
+        public init(seconds: Double, rate: Double, latency: Double) {
+            self.seconds = seconds
+            self.rate = rate
+            self.latency = latency
+        }
+
+        /// How long a range with `remaining` bytes may go without progress before the endgame
+        /// takes it: twice what its rest should take at its speed, and twice what a new request
+        /// takes to answer, so that taking it over is worth a request.
+        public func stallTime(remaining: Int64) -> Double {
+            max(2 * latency, rate > 0 ? 2 * Double(remaining) / rate : .infinity)
+        }
+
+        /// Whether a range with `remaining` bytes has stalled.
+        public func stalled(remaining: Int64) -> Bool { seconds >= stallTime(remaining: remaining) }
+    }
+
     public struct Assignment: Sendable, Equatable {
         /// The segment (index into ``segments``, stable for the download's life).
         public var segment: Int
@@ -76,8 +102,14 @@ public struct SegmentScheduler: Sendable, Equatable {
     /// in the time the thief needs for the rest; without them the remaining range is halved.
     /// `connections` is how many connections the download runs: those out of work, and those that
     /// will be before the victim finishes, share what is taken from a slow connection.
+    ///
+    /// Endgame: when nothing is worth splitting, a range that has stalled (see ``Quiet``) is taken
+    /// whole, however small. A server that paces a connection in bursts (nginx's `limit_rate`)
+    /// otherwise leaves the last few kilobytes of a range waiting for its next burst while every
+    /// other connection is idle.
     public mutating func next(
-        for connection: Int, rates: [Int: Double] = [:], thiefRate: Double? = nil, connections: Int = 1
+        for connection: Int, rates: [Int: Double] = [:], thiefRate: Double? = nil, connections: Int = 1,
+        quiet: [Int: Quiet] = [:]
     ) -> Assignment? {
         release(connection)
         if let i = segments.indices.filter({ segments[$0].owner == nil && segments[$0].remaining > 0 })
@@ -105,11 +137,29 @@ public struct SegmentScheduler: Sendable, Equatable {
             if keep < minSplit { keep = 0 }
         }
         // The thief takes at least one minimum piece; a very slow victim may keep next to nothing.
-        guard v.remaining - keep >= minSplit else { return nil }
+        guard v.remaining - keep >= minSplit else { return takeStalled(for: connection, quiet: quiet) }
+        return split(victim, keeping: keep, for: connection)
+    }
+
+    /// The tail of `victim` from `keep` bytes past its next byte goes to `connection`.
+    private mutating func split(_ victim: Int, keeping keep: Int64, for connection: Int) -> Assignment {
+        let v = segments[victim]
         let mid = v.next + keep
         segments[victim].end = mid
         segments.append(Segment(start: mid, end: v.end, done: 0, owner: connection))
         return Assignment(segment: segments.count - 1, shrunk: (victim, mid))
+    }
+
+    /// The endgame of ``next(for:rates:thiefRate:connections:quiet:)``: the rest of the range that
+    /// has stalled longest, if one has stalled long enough.
+    private mutating func takeStalled(for connection: Int, quiet: [Int: Quiet]) -> Assignment? {
+        let stalled = segments.indices.filter { i in
+            let s = segments[i]
+            guard s.owner != nil, s.owner != connection, s.remaining > 0, let q = quiet[i] else { return false }
+            return q.stalled(remaining: s.remaining)
+        }
+        guard let victim = stalled.max(by: { quiet[$0]!.seconds < quiet[$1]!.seconds }) else { return nil }
+        return split(victim, keeping: 0, for: connection)
     }
 
     /// Splits unowned work so that up to `connections` ranges can run at once (the initial plan).
