@@ -78,9 +78,9 @@ import TestServer
         var u = ConnectionTuner(threads: 2)
         var r = Sample(time: 0, cpu: 0, bytes: 0, connections: 4)
         _ = u.add(r)
-        // Samples 10 ms apart never make a window.
+        // Samples 5 ms apart, 20 ms in all, never make a window.
         for _ in 0..<4 {
-            r = Sample(time: r.time + 0.01, cpu: r.cpu + 0.02, bytes: r.bytes + 1_000_000, connections: 4)
+            r = Sample(time: r.time + 0.005, cpu: r.cpu + 0.01, bytes: r.bytes + 1_000_000, connections: 4)
             #expect(u.add(r) == nil)
         }
         #expect(u.phase == .warmup)
