@@ -66,7 +66,7 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             // The Swift runtime and Foundation linked in, as `--static-swift-stdlib` does: a start-up
-            // without loading and relocating a dozen shared libraries (10 -> 5 ms for `--version`),
+            // without loading and relocating a dozen shared libraries (10 -> 6 ms for `--version`),
             // which is a fifth of a 400-file batch; and a binary that runs where Swift is not installed.
             swiftSettings: [.unsafeFlags(["-static-stdlib"], .when(platforms: [.linux]))],
             linkerSettings: [.unsafeFlags(["-static-stdlib", "-use-ld=lld"], .when(platforms: [.linux]))]

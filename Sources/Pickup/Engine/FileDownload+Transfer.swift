@@ -149,8 +149,9 @@ extension FileDownload {
     }
 
     /// Reports every range's progress to `s` and measures, by segment, the speed of the other
-    /// connections, the speed of `id`'s own last range, and how long each range that has received
-    /// bytes in this run has not moved (once a request's latency is known). With `lock` held.
+    /// connections, the speed of `id`'s own last range, and, once a request's latency is known, how
+    /// long each other range that has received bytes in this run has not moved (zero if it just
+    /// did). With `lock` held.
     func observe(_ s: inout SegmentScheduler, for id: Int, now: Double)
         -> (rates: [Int: Double], own: Double?, quiet: [Int: SegmentScheduler.Quiet])
     {
@@ -160,13 +161,10 @@ extension FileDownload {
         for (i, c) in cursors {
             s.report(i, done: c.written)
             let position = c.position.load(ordering: .relaxed)
-            if let seen = lastSeen[i], seen.position == position {
-                if position > c.beganAt, s.segments[i].owner != id, let latency {
-                    let rate = Double(position - c.beganAt) / max(seen.since - c.began, 0.001)
-                    quiet[i] = .init(seconds: now - seen.since, rate: rate, latency: latency)
-                }
-            } else {
-                lastSeen[i] = (position, now)
+            if lastSeen[i]?.position != position { lastSeen[i] = (position, now) }
+            if let since = lastSeen[i]?.since, position > c.beganAt, s.segments[i].owner != id, let latency {
+                let rate = Double(position - c.beganAt) / max(since - c.began, 0.001)
+                quiet[i] = .init(seconds: now - since, rate: rate, latency: latency)
             }
             guard let owner = s.segments[i].owner, let r = c.rate(now: now) else { continue }
             if owner == id { own = r } else { rates[i] = r }
@@ -179,19 +177,14 @@ extension FileDownload {
     /// connection). A connection out of work waits that long and asks again.
     func endgameWait(_ id: Int) -> Double? {
         lock.withLock {
-            guard var s = scheduler, !s.isComplete, keeper == nil || keeper == id, let latency else { return nil }
-            let now = Clock.monotonic()
-            _ = observe(&s, for: id, now: now)
+            guard var s = scheduler, !s.isComplete, keeper == nil || keeper == id else { return nil }
+            let quiet = observe(&s, for: id, now: Clock.monotonic()).quiet
             scheduler = s
-            var soonest: Double? = nil
-            for (i, c) in cursors where s.segments[i].owner != nil && s.segments[i].owner != id && s.segments[i].remaining > 0 {
-                guard let seen = lastSeen[i], seen.position > c.beganAt else { continue }
-                let rate = Double(seen.position - c.beganAt) / max(seen.since - c.began, 0.001)
-                let q = SegmentScheduler.Quiet(seconds: 0, rate: rate, latency: latency)
-                let at = seen.since + q.stallTime(remaining: s.segments[i].remaining)
-                soonest = min(soonest ?? at, at)
+            let waits = quiet.compactMap { i, q -> Double? in
+                let seg = s.segments[i]
+                return seg.owner != nil && seg.remaining > 0 ? q.stallTime(remaining: seg.remaining) - q.seconds : nil
             }
-            return soonest.map { max(0.001, $0 - now) }
+            return waits.min().map { max(0.001, $0) }
         }
     }
 

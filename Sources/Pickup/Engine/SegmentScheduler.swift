@@ -22,7 +22,6 @@ public struct SegmentScheduler: Sendable, Equatable {
         public var remaining: Int64 { max(0, end - next) }
     }
 
-    /// What a connection should do next.
     /// How long a range's connection has gone without progress, and how fast it went before.
     public struct Quiet: Sendable, Equatable {
         /// Seconds since its last progress.
@@ -49,6 +48,7 @@ public struct SegmentScheduler: Sendable, Equatable {
         public func stalled(remaining: Int64) -> Bool { seconds >= stallTime(remaining: remaining) }
     }
 
+    /// What a connection should do next.
     public struct Assignment: Sendable, Equatable {
         /// The segment (index into ``segments``, stable for the download's life).
         public var segment: Int
