@@ -28,7 +28,7 @@ public struct APIDownload: Codable, Sendable, Equatable {
 
     init(_ info: DownloadInfo, root: FilePath) {
         id = info.id.rawValue
-        url = info.url
+        url = DownloadURL.redacted(info.url)
         switch (info.path, info.destination) {
         case (let path?, _): name = Confinement.relative(path, to: root)
         case (nil, .file(let path)): name = Confinement.relative(path, to: root)

@@ -76,6 +76,7 @@ public final class Daemon: Sendable {
         manager.progressInterval = configuration.progressInterval
         manager.engine = configuration.engine
         manager.transport = configuration.transport
+        manager.root = root
         self.manager = try DownloadManager(configuration: manager)
         (token, tokenIsNew) = try files.token()
         self.root = root
@@ -128,8 +129,8 @@ public final class Daemon: Sendable {
         if let n = patch.maxConcurrentDownloads {
             guard (1...64).contains(n) else { throw .badRequest("maxConcurrentDownloads must be 1 to 64") }
         }
-        if case .some(.some(let limit)) = patch.speedLimit, limit < 1 {
-            throw .badRequest("speedLimit must be a positive number of bytes per second, or null for none")
+        if case .some(.some(let limit)) = patch.speedLimit, limit < RateLimiter.minimum {
+            throw .badRequest("speedLimit must be at least \(RateLimiter.minimum) bytes per second, or null for none")
         }
         if let n = patch.maxConcurrentDownloads { await manager.setMaxConcurrentDownloads(n) }
         if let limit = patch.speedLimit { await manager.setSpeedLimit(limit) }

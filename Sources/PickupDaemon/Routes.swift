@@ -65,7 +65,9 @@ struct Routes {
             }
             checksum = c
         }
-        if let limit = body.speedLimit, limit < 1 { throw APIError.badRequest("speedLimit must be a positive number of bytes per second") }
+        if let limit = body.speedLimit, limit < RateLimiter.minimum {
+            throw APIError.badRequest("speedLimit must be at least \(RateLimiter.minimum) bytes per second")
+        }
         let item = NewDownload(url: body.url, to: destination, priority: body.priority ?? 0, checksum: checksum,
                                speedLimit: body.speedLimit, paused: body.paused ?? false, connections: body.connections)
         let id: DownloadID

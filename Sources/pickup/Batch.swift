@@ -160,11 +160,11 @@ final class BatchDisplay: @unchecked Sendable {
 
     func completed(_ info: DownloadInfo) {
         guard !quiet else { return }
-        line("saved \(info.path?.string ?? info.url) (\(ByteCount.format(info.progress.bytesDone)))")
+        line("saved \(info.path?.string ?? DownloadURL.redacted(info.url)) (\(ByteCount.format(info.progress.bytesDone)))")
     }
 
     func failed(_ info: DownloadInfo) {
-        line("pickup: \(info.url): \(info.failure?.reason ?? "failed")")
+        line("pickup: \(DownloadURL.redacted(info.url)): \(info.failure?.reason ?? "failed")")
     }
 
     func notice(_ info: DownloadInfo, _ text: String) {
@@ -180,7 +180,7 @@ final class BatchDisplay: @unchecked Sendable {
             if !failures.isEmpty { text += ", \(failures.count) failed:" }
             line(text)
         }
-        for f in failures { line("  \(f.url): \(f.failure?.reason ?? "failed")") }
+        for f in failures { line("  \(DownloadURL.redacted(f.url)): \(f.failure?.reason ?? "failed")") }
     }
 
     static func name(_ info: DownloadInfo) -> String {

@@ -67,12 +67,10 @@ struct Get: AsyncParsableCommand {
             throw ValidationError("--checksum must be ALGO=HEX with ALGO one of sha-256, sha-512, sha-1, md5 and HEX of the right length")
         }
         if let limitRate, Self.rate(limitRate) == nil {
-            throw ValidationError("--limit-rate must be a positive number of bytes per second, optionally with K, M or G")
+            throw ValidationError("--limit-rate must be a number of bytes per second of at least 1K (1024), optionally with K, M or G")
         }
         guard let url else { return }
-        guard let u = URL(string: url), let scheme = u.scheme?.lowercased(), ["http", "https"].contains(scheme),
-            u.host?.isEmpty == false
-        else { throw ValidationError("not an http or https URL: \(url)") }
+        do { try DownloadURL.check(url) } catch { throw ValidationError(error.description) }
     }
 
     func run() async throws {
@@ -117,8 +115,8 @@ struct Get: AsyncParsableCommand {
             scale = u
             number = number.dropLast()
         }
-        guard let n = Double(number), n > 0, n * scale < 1e15 else { return nil }
-        return Int64(max(1, n * scale))
+        guard let n = Double(number), n * scale >= Double(RateLimiter.minimum), n * scale < 1e15 else { return nil }
+        return Int64(n * scale)
     }
 
     static func code(for error: PickupError) -> Int32 { code(for: error.category) }

@@ -27,12 +27,17 @@ public struct DownloadRequest: Sendable {
     public var limiters: [RateLimiter]
     /// Connections for this download (1 to 32), instead of ``DownloadOptions/connections``.
     public var connections: Int?
+    /// When set, the destination must lie inside this directory, and no symlink below it is ever
+    /// followed: the target's directory is opened one component at a time from here, at every
+    /// run (the daemon's download root).
+    public var root: FilePath?
 
     /// A request.
     public init(
         url: String, destination: Destination, checksum: ExpectedDigest? = nil, overwrite: Bool = false,
-        restart: Bool = false, limiters: [RateLimiter] = [], connections: Int? = nil
+        restart: Bool = false, limiters: [RateLimiter] = [], connections: Int? = nil, root: FilePath? = nil
     ) {
+        self.root = root
         self.connections = connections
         self.url = url
         self.destination = destination

@@ -37,11 +37,7 @@ public final class Downloader: Sendable {
     public func download(_ request: DownloadRequest, onEvent: @escaping @Sendable (DownloadEvent) -> Void = { _ in })
         async throws(PickupError) -> DownloadResult
     {
-        guard let scheme = request.url.split(separator: ":", maxSplits: 1).first?.lowercased(),
-            scheme == "http" || scheme == "https", request.url.contains("://")
-        else {
-            throw .invalidInput("not an http or https URL: \(request.url)")
-        }
+        try DownloadURL.check(request.url)
         do {
             var options = options
             if let n = request.connections { options.connections = min(32, max(1, n)) }
@@ -64,8 +60,9 @@ public final class Downloader: Sendable {
     /// What an earlier, unfinished run of `request` left on disk: the bytes its control file
     /// vouches for and the complete length if known; nil when nothing is held.
     public static func partialProgress(of request: DownloadRequest) -> (bytesHeld: Int64, totalBytes: Int64?)? {
-        guard let (_, partial, control) = try? FileDownload.paths(for: request), FS.exists(partial),
-            let record = ControlFile.load(control), record.url == request.url
+        guard let (directory, partial, control) = try? FileDownload.paths(for: request),
+            let dir = try? DirectoryHandle.open(directory, under: request.root, create: false), dir.exists(partial),
+            let record = ControlFile.load(control, in: dir), record.url == request.url
         else { return nil }
         return (record.durableBytes, record.totalLength)
     }
@@ -73,9 +70,11 @@ public final class Downloader: Sendable {
     /// Deletes the partial file and control file of an unfinished download of `request`. Call it
     /// only when no run of that request is going on.
     public static func discardPartial(of request: DownloadRequest) {
-        guard let (_, partial, control) = try? FileDownload.paths(for: request) else { return }
-        ControlFile.remove(control)
-        FS.remove(partial)
+        guard let (directory, partial, control) = try? FileDownload.paths(for: request),
+            let dir = try? DirectoryHandle.open(directory, under: request.root, create: false)
+        else { return }
+        ControlFile.remove(control, in: dir)
+        dir.remove(partial)
     }
 
     /// Closes connections. Call once, when done with the downloader.

@@ -19,17 +19,17 @@ extension FileDownload {
             }
             raw = suggested ?? fromURL ?? "download"
         }
-        record.target = freePath(for: raw).string
+        record.target = directory.appending(freeName(for: raw)).string
     }
 
-    func freePath(for name: String) -> FilePath {
-        let first = directory.appending(name)
-        if request.overwrite || !FS.exists(first) { return first }
+    /// `name`, else the first `name (n).ext` with nothing at it (nor at its partial file's name).
+    func freeName(for name: String) -> String {
+        if request.overwrite || !dir.exists(name) { return name }
         var n = 1
         while true {
-            let candidate = directory.appending(SafeFileName.numbered(name, n))
-            if !FS.exists(candidate) && !FS.exists(FilePath(candidate.string + ".pickup-part")) {
-                onEvent(.notice("\(first) already exists; saving as \(candidate.lastComponent?.string ?? "")"))
+            let candidate = SafeFileName.numbered(name, n)
+            if !dir.exists(candidate) && !dir.exists(candidate + SafeFileName.partialSuffix) {
+                onEvent(.notice("\(dir.pathOf(name)) already exists; saving as \(candidate)"))
                 return candidate
             }
             n += 1
@@ -58,7 +58,7 @@ extension FileDownload {
         }
         var verified: ExpectedDigest? = nil
         for expected in [request.checksum, rec.serverDigest].compactMap({ $0 }) {
-            let actual = try Self.digest(of: partialPath, algorithm: expected.algorithm)
+            let actual = try Self.digest(of: file, algorithm: expected.algorithm)
             guard actual == expected.bytes else {
                 throw PickupError.verification(
                     "\(expected.algorithm.rawValue) from \(expected.source) is \(expected.hex) but the file's is \(Hex.encode(actual)); "
@@ -66,33 +66,37 @@ extension FileDownload {
             }
             verified = expected
         }
-        var target = FilePath(rec.target!)
+        // The target is always a name in this run's directory (a control file from elsewhere
+        // cannot point outside it).
+        var name = rec.target.flatMap { FilePath($0).lastComponent?.string } ?? "download"
+        if (try? DirectoryHandle.check(name)) == nil { name = "download" }
+        if SafeFileName.isHelperName(name) { name += "_" }
         // The modification time is final now (neither the attribute nor the rename changes it), so
         // one encoding serves the attribute and the index.
-        var completion = CompletionRecord(url: request.url, name: target.lastComponent?.string ?? "",
+        var completion = CompletionRecord(url: request.url, name: name,
                                           validators: rec.validators, length: size, mtime: FS.mtime(file.fd) ?? 0,
                                           digest: verified)
         var encoded = store.attach(completion, to: file)
-        while !(try place(at: target)) {
+        while !(try place(as: name)) {
             // Something appeared at the target since we chose it: never replace it.
-            target = freePath(for: target.lastComponent?.string ?? "download")
-            completion.name = target.lastComponent?.string ?? ""
+            name = freeName(for: name)
+            completion.name = name
             encoded = store.attach(completion, to: file)
         }
-        if lock.withLock({ controlOnDisk }) { ControlFile.remove(controlPath) }
-        FS.syncDirectory(directory)
+        if lock.withLock({ controlOnDisk }) { ControlFile.remove(controlName, in: dir) }
+        dir.sync()
         store.index(encoded, url: completion.url, directory: directory)
-        return (target, size)
+        return (dir.pathOf(name), size)
     }
 
-    /// Renames the partial file to `target`; false when a file appeared there and overwriting is off.
-    func place(at target: FilePath) throws(PickupError) -> Bool {
+    /// Renames the partial file to `name`; false when something appeared there and overwriting is off.
+    func place(as name: String) throws(PickupError) -> Bool {
         if request.overwrite {
-            try FS.rename(partialPath, target)
+            try dir.rename(partialName, to: name)
             return true
         }
         do {
-            try FS.moveNoReplace(partialPath, target)
+            try dir.moveNoReplace(partialName, to: name)
             return true
         } catch {
             if case .targetExists = error { return false }
@@ -100,18 +104,17 @@ extension FileDownload {
         }
     }
 
-    /// The digest of a file, read in 1 MiB blocks.
-    static func digest(of path: FilePath, algorithm: DigestAlgorithm) throws -> [UInt8] {
-        let fd: FileDescriptor
-        do { fd = try FileDescriptor.open(path, .readOnly) } catch { throw PickupError.io(path.string, error) }
-        defer { try? fd.close() }
+    /// The digest of the open partial file, read from its start in 1 MiB blocks.
+    static func digest(of file: PartialFile, algorithm: DigestAlgorithm) throws -> [UInt8] {
         var hasher = AnyHasher(algorithm)
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
         defer { buffer.deallocate() }
+        var offset: Int64 = 0
         while true {
             let n: Int
-            do { n = try fd.read(into: buffer) } catch { throw PickupError.io(path.string, error) }
+            do { n = try file.fd.read(fromAbsoluteOffset: offset, into: buffer) } catch { throw PickupError.io(file.path.string, error) }
             if n == 0 { break }
+            offset += Int64(n)
             hasher.update(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
         }
         return hasher.finalize()

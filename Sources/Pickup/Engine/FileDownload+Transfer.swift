@@ -295,7 +295,7 @@ extension FileDownload {
                     continue
                 }
                 if retire(id, because: why) { return .retired }
-                throw PickupError.server(status: status, "\(why) for \(url)")
+                throw PickupError.server(status: status, "\(why) for \(DownloadURL.redacted(url))")
             }
             guard let failure else { continue }
             failuresInRow = progressed ? 1 : failuresInRow + 1
@@ -363,12 +363,20 @@ extension FileDownload {
         }
     }
 
+    /// The absolute URL a `Location` leads to, checked as the user's URL is (``DownloadURL/check(_:)``).
     func resolveRedirect(_ location: String, from current: String) throws -> String {
-        guard let base = URL(string: current), let next = URL(string: location, relativeTo: base)?.absoluteURL,
+        let shown = DownloadURL.redacted(String(location.prefix(200)))
+        guard location.utf8.count <= DownloadURL.maxLength, let base = URL(string: current),
+            let next = URL(string: location, relativeTo: base)?.absoluteURL,
             let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
-        else { throw PickupError.server(status: nil, "unusable redirect to '\(location)'") }
+        else { throw PickupError.server(status: nil, "unusable redirect to '\(shown)'") }
+        do {
+            try DownloadURL.check(next.absoluteString)
+        } catch {
+            throw PickupError.server(status: nil, "unusable redirect: \(error.description)")
+        }
         if base.scheme?.lowercased() == "https", scheme == "http", !options.allowInsecureRedirects {
-            throw PickupError.server(status: nil, "refusing redirect from https to http (\(next.absoluteString)); use --insecure to allow")
+            throw PickupError.server(status: nil, "refusing redirect from https to http (\(DownloadURL.redacted(next.absoluteString))); use --insecure to allow")
         }
         return next.absoluteString
     }

@@ -16,9 +16,13 @@ final class FileDownload: @unchecked Sendable {
     let onEvent: @Sendable (DownloadEvent) -> Void
     let monitor: DownloadMonitor
     let store: CompletionStore
-    let directory: FilePath
-    let partialPath: FilePath
-    let controlPath: FilePath
+    /// The target's directory, open for the whole run: every helper file, the rename and the
+    /// clean-up go through it by name (see ``DirectoryHandle``).
+    let dir: DirectoryHandle
+    let partialName: String
+    let controlName: String
+    var directory: FilePath { dir.path }
+    var partialPath: FilePath { dir.pathOf(partialName) }
 
     /// Body bytes written in this run.
     let transferred = ManagedAtomic<Int64>(0)
@@ -72,51 +76,57 @@ final class FileDownload: @unchecked Sendable {
         self.monitor = monitor ?? DownloadMonitor(interval: min(options.progressInterval, options.checkpointInterval))
         self.onEvent = onEvent
         self.store = CompletionStore(stateDirectory: options.stateDirectory ?? StateDirectory.default)
-        (directory, partialPath, controlPath) = try Self.paths(for: request)
+        let (directory, partialName, controlName) = try Self.paths(for: request)
+        self.partialName = partialName
+        self.controlName = controlName
+        dir = try DirectoryHandle.open(directory, under: request.root, create: true)
         record = ControlRecord(url: request.url, target: nil, validators: nil, totalLength: nil,
                                segments: [SegmentRecord(start: 0, end: nil, done: 0)])
         resolvedURL = request.url
     }
 
-    /// Where a request's bytes live until it finishes: the target's directory, the partial file
-    /// and its control file (`NAME.pickup-part` for `-o NAME`, `.pickup-HASH.pickup-part` in a
-    /// directory, named by the URL, until the server has named the file).
-    static func paths(for request: DownloadRequest) throws(PickupError) -> (FilePath, FilePath, FilePath) {
+    /// Where a request's bytes live until it finishes: the target's directory, the partial file's
+    /// and the control file's names in it (`NAME.pickup-part` for `-o NAME`,
+    /// `.pickup-HASH.pickup-part` in a directory, named by the URL, until the server has named the file).
+    /// Touches nothing on disk.
+    static func paths(for request: DownloadRequest) throws(PickupError) -> (directory: FilePath, partial: String, control: String) {
         let directory: FilePath
-        let base: FilePath
+        let base: String
         switch request.destination {
         case .file(let path):
-            guard let name = path.lastComponent, !path.string.hasSuffix("/") else {
+            guard let name = path.lastComponent?.string, !path.string.hasSuffix("/"), name != ".", name != ".." else {
                 throw .invalidInput("output path \(path) has no file name")
             }
-            if FS.isDirectory(path) { throw .invalidInput("\(path) is a directory; use -d to download into it") }
+            try SafeFileName.checkOutputName(name)
+            if FS.isDirectory(path) { throw .fileSystem(path.string, .isDirectory) }
             directory = path.removingLastComponent().isEmpty ? FilePath(".") : path.removingLastComponent()
-            base = directory.appending(name.string)
+            base = name
         case .directory(let dir):
             directory = dir
-            let key = Hex.encode(Array(SHA256.hash(data: Array(request.url.utf8)))).prefix(16)
-            base = dir.appending(".pickup-\(key)")
+            base = ".pickup-\(Hex.encode(Array(SHA256.hash(data: Array(request.url.utf8)))).prefix(16))"
         }
-        return (directory, FilePath(base.string + ".pickup-part"), FilePath(base.string + ".pickup-ctl"))
+        if let root = request.root, !directory.lexicallyNormalized().starts(with: root.lexicallyNormalized()) {
+            throw .invalidInput("\(directory) is outside the download root \(root)")
+        }
+        return (directory, base + SafeFileName.partialSuffix, base + SafeFileName.controlSuffix)
     }
 
     // MARK: - The run
 
     func run() async throws -> DownloadResult {
         let started = Clock.monotonic()
-        try FS.makeDirectories(directory)
         // The partial file is opened and locked first, so that two processes never drive one download.
-        let file = try PartialFile(path: partialPath)
+        let file = try PartialFile(in: dir, name: partialName)
         defer { file.close() }
         guard file.lock() else { throw PickupError.busy(partialPath.string) }
         lock.withLock { self.file = file }
         if request.restart {
-            ControlFile.remove(controlPath)
+            ControlFile.remove(controlName, in: dir)
             try file.truncate(to: 0)
         }
         var conditional: (FilePath, CompletionRecord)? = nil
         if !loadControlFile() {
-            if let found = store.lookup(url: request.url, directory: directory, name: fixedName) {
+            if let found = store.lookup(url: request.url, in: dir, name: fixedName) {
                 guard let v = found.1.validators, v.canRevalidate else {
                     onEvent(.notice("already downloaded: \(found.0) (the server gave no validator to check it against)"))
                     discardPartialIfEmpty()
@@ -161,9 +171,9 @@ final class FileDownload: @unchecked Sendable {
 
     /// Loads a trustworthy control file for this URL; returns whether there is something to resume.
     func loadControlFile() -> Bool {
-        let controlExists = FS.exists(controlPath)
-        let exists = controlExists || (FS.size(partialPath) ?? 0) > 0
-        guard let rec = ControlFile.load(controlPath) else {
+        let controlExists = dir.exists(controlName)
+        let exists = controlExists || (dir.size(partialName) ?? 0) > 0
+        guard let rec = ControlFile.load(controlName, in: dir) else {
             if exists {
                 onEvent(.notice(controlExists
                     ? "the partial download's control file is damaged; starting over"
@@ -174,10 +184,10 @@ final class FileDownload: @unchecked Sendable {
         }
         let held = rec.durableBytes
         let extent = rec.segments.map { $0.start + $0.done }.max() ?? 0
-        guard rec.url == request.url, let size = FS.size(partialPath), size >= extent else {
+        guard rec.url == request.url, let size = dir.size(partialName), size >= extent else {
             onEvent(.notice(rec.url == request.url
                 ? "the partial file is missing or shorter than recorded; starting over"
-                : "a partial download of another URL (\(rec.url)) was at this path; starting over"))
+                : "a partial download of another URL (\(DownloadURL.redacted(rec.url))) was at this path; starting over"))
             discardAll()
             return false
         }
@@ -200,9 +210,9 @@ final class FileDownload: @unchecked Sendable {
     /// Forgets the partial download: the control file goes; the open, locked partial file is emptied
     /// (unlinking it would leave this run writing to a file with no name).
     func discardAll() {
-        ControlFile.remove(controlPath)
+        ControlFile.remove(controlName, in: dir)
         controlOnDisk = false
-        if let file { try? file.truncate(to: 0) } else { FS.remove(partialPath) }
+        if let file { try? file.truncate(to: 0) } else { dir.remove(partialName) }
     }
 
     /// Drops every held byte and records that, durably, before any new byte is written.
@@ -224,7 +234,7 @@ final class FileDownload: @unchecked Sendable {
 
     /// Writes the control file now. Called with `lock` held.
     func saveRecord() throws {
-        try ControlFile.store(record, at: controlPath)
+        try ControlFile.store(record, as: controlName, in: dir)
         controlOnDisk = true
         controlDirty = false
     }
@@ -359,8 +369,8 @@ final class FileDownload: @unchecked Sendable {
     func discardPartialIfEmpty() {
         lock.withLock {
             if heldBytes() == 0 {
-                ControlFile.remove(controlPath)
-                FS.remove(partialPath)
+                ControlFile.remove(controlName, in: dir)
+                dir.remove(partialName)
             }
         }
     }

@@ -7,8 +7,16 @@ import NIOConcurrencyHelpers
 ///
 /// On the per-chunk path an unlimited bucket costs one atomic load. A limited one takes a lock
 /// for a few arithmetic operations and answers how long the connection should pause before
-/// reading more; the transport turns that into backpressure (no read, no busy wait).
+/// reading more; the transport turns that into backpressure (no read, no busy wait), and a
+/// cancellation ends the pause at once.
+///
+/// The bucket runs into debt: a chunk larger than the tokens held is taken whole and the
+/// connection pauses until the debt is paid, so the average holds at any chunk size. Rates below
+/// ``minimum`` are raised to it (the CLI and the API refuse them).
 public final class RateLimiter: Sendable {
+    /// The lowest rate a limiter keeps, in bytes per second.
+    public static let minimum: Int64 = 1024
+
     private let rate: ManagedAtomic<Int64>
     private let bucket = NIOLockedValueBox(Bucket())
 
@@ -19,7 +27,7 @@ public final class RateLimiter: Sendable {
 
     /// A bucket with this rate (nil or 0: unlimited).
     public init(bytesPerSecond: Int64? = nil) {
-        rate = ManagedAtomic(max(0, bytesPerSecond ?? 0))
+        rate = ManagedAtomic(Self.clamped(bytesPerSecond))
     }
 
     /// The limit in bytes per second, nil when unlimited. Setting it takes effect on the next chunk.
@@ -28,7 +36,21 @@ public final class RateLimiter: Sendable {
             let r = rate.load(ordering: .relaxed)
             return r > 0 ? r : nil
         }
-        set { rate.store(max(0, newValue ?? 0), ordering: .relaxed) }
+        set { rate.store(Self.clamped(newValue), ordering: .relaxed) }
+    }
+
+    /// 0 for no limit, else at least ``minimum``.
+    static func clamped(_ r: Int64?) -> Int64 {
+        guard let r, r > 0 else { return 0 }
+        return max(minimum, r)
+    }
+
+    /// Checks a rate a person asked for: nil (no limit) or at least ``minimum``.
+    /// - Throws: ``PickupError/invalidInput(_:)``.
+    public static func validate(_ bytesPerSecond: Int64?) throws(PickupError) {
+        if let r = bytesPerSecond, r < minimum {
+            throw .invalidInput("a speed limit must be at least \(minimum) bytes per second (1K), not \(r)")
+        }
     }
 
     /// Takes `count` bytes from the bucket; returns the seconds to pause before reading more.
@@ -39,9 +61,9 @@ public final class RateLimiter: Sendable {
         return bucket.withLockedValue { b in
             let now = Clock.monotonic()
             let perSecond = Double(r)
-            // A burst of at most a tenth of a second (and at least one 64 KiB read), so a rate
-            // change or a pause does not release a flood.
-            let burst = max(perSecond / 10, 65536)
+            // Credit of at most a tenth of a second, so a rate change or an idle spell does not
+            // release a flood; debt (a chunk larger than the credit) is paid by pausing.
+            let burst = perSecond / 10
             b.tokens = min(burst, b.tokens + (now - b.last) * perSecond)
             b.last = now
             b.tokens -= Double(count)

@@ -97,9 +97,33 @@ enum PercentDecoding {
 
 /// Turns an untrusted name (from a server or a URL) into one safe to create inside a directory.
 ///
-/// No path separators, no `.` or `..`, no control characters, no leading dots (hidden files) and
-/// at most 255 UTF-8 bytes, keeping the extension when it has to shorten the name.
+/// No path separators, no `.` or `..`, no control characters, no leading dots (hidden files), never
+/// a helper file's name, and short enough that its helper files' names fit a file system's 255
+/// bytes, keeping the extension when it has to shorten the name.
 public enum SafeFileName {
+    /// The partial file of `NAME` is `NAME.pickup-part`.
+    public static let partialSuffix = ".pickup-part"
+    /// Its control file is `NAME.pickup-ctl` (replaced through `NAME.pickup-ctl.tmp`).
+    public static let controlSuffix = ".pickup-ctl"
+    /// The longest file name, in UTF-8 bytes: 255 less the longest helper suffix (`.pickup-ctl.tmp`).
+    public static let maxBytes = 255 - controlSuffix.utf8.count - 4
+
+    /// Whether `name` is the name of one of Pickup's helper files.
+    public static func isHelperName(_ name: String) -> Bool {
+        name.hasSuffix(partialSuffix) || name.hasSuffix(controlSuffix) || name.hasSuffix(controlSuffix + ".tmp")
+    }
+
+    /// Checks a name the user gave for the finished file (`-o`, `out=`, the daemon's `name`).
+    /// - Throws: ``PickupError/invalidInput(_:)`` saying why it cannot be used.
+    public static func checkOutputName(_ name: String) throws(PickupError) {
+        if name.utf8.count > maxBytes {
+            throw .invalidInput("the file name is \(name.utf8.count) bytes long; at most \(maxBytes) fit beside its helper files")
+        }
+        if isHelperName(name) {
+            throw .invalidInput("'\(name)' ends like one of pickup's helper files (\(partialSuffix), \(controlSuffix)); choose another name")
+        }
+    }
+
     /// The sanitized name, or nil if nothing usable remains.
     public static func sanitize(_ raw: String) -> String? {
         var scalars = String.UnicodeScalarView()
@@ -118,7 +142,8 @@ public enum SafeFileName {
         while let f = name.first, f == "." || f == " " { name = name.dropFirst() }
         while let l = name.last, l == "." || l == " " { name = name.dropLast() }
         guard !name.isEmpty else { return nil }
-        return truncate(String(name), maxBytes: 255)
+        if isHelperName(String(name)) { name.append("_") }
+        return truncate(String(name), maxBytes: maxBytes - 8)
     }
 
     static func truncate(_ name: String, maxBytes: Int) -> String {
@@ -144,7 +169,7 @@ public enum SafeFileName {
     /// `name (n).ext`: the n-th alternative when `name.ext` is taken.
     public static func numbered(_ name: String, _ n: Int) -> String {
         let (stem, ext) = split(name)
-        return truncate("\(stem) (\(n))\(ext)", maxBytes: 255)
+        return truncate("\(stem) (\(n))\(ext)", maxBytes: maxBytes)
     }
 
     /// The path of an absolute URL as written (still percent-encoded): what follows the authority,

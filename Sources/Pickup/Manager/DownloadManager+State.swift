@@ -141,9 +141,9 @@ extension DownloadManager {
     }
 
     /// The engine's request for a download.
-    static func request(for info: DownloadInfo) -> DownloadRequest {
+    static func request(for info: DownloadInfo, root: FilePath?) -> DownloadRequest {
         DownloadRequest(url: info.url, destination: info.destination, checksum: info.checksum, overwrite: info.overwrite,
-                        connections: info.connections)
+                        connections: info.connections, root: root)
     }
 
     /// A destination with an absolute path, so that it means the same after a restart elsewhere.
@@ -158,16 +158,31 @@ extension DownloadManager {
     }
 
     static func validate(_ url: String, _ destination: Destination, connections: Int? = nil) throws(PickupError) {
-        guard let scheme = url.split(separator: ":", maxSplits: 1).first?.lowercased(),
-            scheme == "http" || scheme == "https", url.contains("://"), URL(string: url)?.host?.isEmpty == false
-        else { throw .invalidInput("not an http or https URL: \(url)") }
+        try DownloadURL.check(url)
         if let n = connections, !(1...32).contains(n) { throw .invalidInput("connections must be 1 to 32, not \(n)") }
         _ = try FileDownload.paths(for: DownloadRequest(url: url, destination: destination))
     }
 
     /// Whether a completed download's file is still at its path with its size.
-    static func fileIsThere(_ info: DownloadInfo) -> Bool {
-        guard let path = info.path, let size = FS.size(path) else { return false }
+    static func fileIsThere(_ info: DownloadInfo, root: FilePath?) -> Bool {
+        guard let (dir, name) = finishedFile(of: info, root: root), let size = dir.size(name) else { return false }
         return info.progress.totalBytes.map { $0 == size } ?? true
+    }
+
+    /// Deletes a completed download's file if it is still the one downloaded (through its
+    /// directory's handle: a symlink planted since, on the way or at the name, is never followed).
+    static func deleteFile(of info: DownloadInfo, root: FilePath?) {
+        guard let (dir, name) = finishedFile(of: info, root: root), let size = dir.size(name),
+            info.progress.totalBytes.map({ $0 == size }) ?? true
+        else { return }
+        dir.remove(name)
+    }
+
+    /// The open directory of a finished download's file, and its name there.
+    static func finishedFile(of info: DownloadInfo, root: FilePath?) -> (DirectoryHandle, String)? {
+        guard let path = info.path, let name = path.lastComponent?.string,
+            let dir = try? DirectoryHandle.open(path.removingLastComponent(), under: root, create: false)
+        else { return nil }
+        return (dir, name)
     }
 }

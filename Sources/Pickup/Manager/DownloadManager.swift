@@ -49,6 +49,9 @@ public actor DownloadManager {
         public var engine = DownloadOptions()
         /// HTTP settings (timeouts, TLS).
         public var transport = HTTPClientTransport.Options()
+        /// When set, every download's file must lie inside this directory and nothing below it is
+        /// reached through a symlink, at every run and every deletion (``DownloadRequest/root``).
+        public var root: FilePath?
 
         /// A configuration with its state in `stateDirectory`.
         public init(stateDirectory: FilePath) { self.stateDirectory = stateDirectory }
@@ -143,7 +146,7 @@ public actor DownloadManager {
             // A download that was running when the last process ended waits to be started again.
             if info.state == .running { info.state = .waiting }
             if !info.state.isFinal || info.state == .failed {
-                let held = Downloader.partialProgress(of: Self.request(for: info))
+                let held = Downloader.partialProgress(of: Self.request(for: info, root: configuration.root))
                 info.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0,
                                                  totalBytes: held?.totalBytes ?? info.progress.totalBytes, bytesPerSecond: 0)
             }
@@ -211,6 +214,7 @@ public actor DownloadManager {
         for (i, item) in items.enumerated() {
             let destination = Self.absolute(item.destination)
             try Self.validate(item.url, destination, connections: item.connections)
+            try RateLimiter.validate(item.speedLimit)
             let key = Key(item.url, destination)
             if let id = keys[key] {
                 requeueIfStale(id)
@@ -240,7 +244,7 @@ public actor DownloadManager {
             }
             for ((index, _), row) in zip(fresh, rows) {
                 var info = row.info
-                let held = Downloader.partialProgress(of: Self.request(for: info))
+                let held = Downloader.partialProgress(of: Self.request(for: info, root: configuration.root))
                 info.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes, bytesPerSecond: 0)
                 infos[info.id] = info
                 keys[Key(info.url, info.destination)] = info.id
@@ -258,7 +262,7 @@ public actor DownloadManager {
     /// A failed download, or a completed one whose file is gone, goes back to the queue.
     private func requeueIfStale(_ id: DownloadID) {
         guard let info = infos[id] else { return }
-        let gone = info.state == .completed && !Self.fileIsThere(info)
+        let gone = info.state == .completed && !Self.fileIsThere(info, root: configuration.root)
         guard info.state == .failed || gone else { return }
         if gone { update(id) { $0.path = nil; $0.progress = DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0) } }
         moveTo(id, .waiting)
@@ -333,9 +337,9 @@ public actor DownloadManager {
         if running[id] != nil {
             stop(id, .cancel(deletePartial: deletePartial))
         } else if deletePartial, !info.state.isFinal || info.state == .failed {
-            Downloader.discardPartial(of: Self.request(for: info))
+            Downloader.discardPartial(of: Self.request(for: info, root: configuration.root))
         }
-        if deleteFile, info.state == .completed, let path = info.path, Self.fileIsThere(info) { FS.remove(path) }
+        if deleteFile, info.state == .completed { Self.deleteFile(of: info, root: configuration.root) }
         infos[id] = nil
         keys[Key(info.url, info.destination)] = nil
         limiters[id] = nil
@@ -398,6 +402,7 @@ public actor DownloadManager {
     /// One download's speed limit (nil: none); takes effect at once, and is saved with it.
     public func setSpeedLimit(_ id: DownloadID, _ bytesPerSecond: Int64?) throws(PickupError) {
         try checkKnown(id)
+        try RateLimiter.validate(bytesPerSecond)
         limiters[id]?.bytesPerSecond = bytesPerSecond
         update(id) { $0.speedLimit = bytesPerSecond }
         persist(id)
@@ -426,7 +431,7 @@ public actor DownloadManager {
 
     /// Whether a download of this URL has completed and its file is still there, whole.
     public func isDownloaded(_ url: String) -> Bool {
-        infos.values.contains { $0.url == url && $0.state == .completed && Self.fileIsThere($0) }
+        infos.values.contains { $0.url == url && $0.state == .completed && Self.fileIsThere($0, root: configuration.root) }
     }
 
     /// Sums over all downloads.
@@ -480,7 +485,7 @@ public actor DownloadManager {
         // Not saved: "waiting" and "running" rows both mean "should run", and restore the same way.
         update(id) { $0.state = .running; $0.failure = nil; $0.finishedAt = nil }
         emitChanged(id)
-        var request = Self.request(for: info)
+        var request = Self.request(for: info, root: configuration.root)
         request.limiters = [globalLimiter] + (limiters[id].map { [$0] } ?? [])
         let box = NIOLockedValueBox(Reported())
         let downloader = self.downloader
@@ -529,7 +534,7 @@ public actor DownloadManager {
             queue.force(id, to: .completed)
             update(id) { $0.state = .completed }
         case .failure(let error):
-            let held = Downloader.partialProgress(of: Self.request(for: info))
+            let held = Downloader.partialProgress(of: Self.request(for: info, root: configuration.root))
             update(id) {
                 $0.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes ?? $0.progress.totalBytes,
                                                bytesPerSecond: 0)

@@ -39,10 +39,7 @@ public struct InputList: Sendable, Equatable {
                 continue
             }
             var entry = Entry(url: words[0], name: nil, line: n)
-            let lower = entry.url.lowercased()
-            guard lower.hasPrefix("http://") || lower.hasPrefix("https://"), entry.url.count > 8 else {
-                throw .invalidInput("input line \(n): not an http or https URL: \(entry.url)")
-            }
+            do { try DownloadURL.check(entry.url) } catch { throw .invalidInput("input line \(n): \(error.description)") }
             for w in words.dropFirst() { try Self.apply(w, to: &entry, line: n) }
             if seen.insert(entry.url + "\n" + (entry.name ?? "")).inserted { entries.append(entry) }
         }

@@ -80,30 +80,38 @@ public struct CompletionStore: Sendable {
         }
     }
 
-    /// The record stored on a file, if any.
-    func attached(to path: FilePath) -> CompletionRecord? {
+    /// The record stored on an open file, if any.
+    func attached(to fd: FileDescriptor) -> CompletionRecord? {
         var buf = [UInt8](repeating: 0, count: 16384)
-        let n = buf.withUnsafeMutableBytes { pickup_getxattr(path.string, Self.attribute, $0.baseAddress, $0.count) }
+        let n = buf.withUnsafeMutableBytes { pickup_fgetxattr(fd.rawValue, Self.attribute, $0.baseAddress, $0.count) }
         guard n > 0 else { return nil }
         return try? JSONDecoder().decode(CompletionRecord.self, from: Data(buf[0..<n]))
     }
 
     /// The finished download of `url` in `directory` (with `name` when the caller fixed the name),
     /// if the file there is still the one Pickup finished: same URL and length, and either its own
-    /// attribute says so or its modification time is unchanged.
-    public func lookup(url: String, directory: FilePath, name: String?) -> (FilePath, CompletionRecord)? {
-        var candidates: [(FilePath, CompletionRecord?)] = []
-        if let data = FS.readFile(indexPath(directory: directory, url: url), limit: 65536),
-            let rec = try? JSONDecoder().decode(CompletionRecord.self, from: Data(data)), name == nil || rec.name == name
+    /// attribute says so or its modification time is unchanged. An index entry whose file is gone
+    /// or replaced is deleted.
+    func lookup(url: String, in directory: DirectoryHandle, name: String?) -> (FilePath, CompletionRecord)? {
+        var candidates: [(String, CompletionRecord?)] = []
+        let entry = indexPath(directory: directory.path, url: url)
+        var indexed: CompletionRecord? = nil
+        if let data = FS.readFile(entry, limit: 65536),
+            let rec = try? JSONDecoder().decode(CompletionRecord.self, from: Data(data))
         {
-            candidates.append((directory.appending(rec.name), rec))
+            indexed = rec
+            if name == nil || rec.name == name { candidates.append((rec.name, rec)) }
         }
-        if let name { candidates.append((directory.appending(name), nil)) }
-        for (path, indexed) in candidates {
-            guard let size = FS.size(path) else { continue }
-            if let rec = attached(to: path), rec.url == url, rec.length == size { return (path, rec) }
-            if let rec = indexed, rec.length == size, rec.mtime == FS.mtime(path) { return (path, rec) }
+        if let name, !candidates.contains(where: { $0.0 == name }) { candidates.append((name, nil)) }
+        for (name, indexed) in candidates {
+            guard let fd = try? directory.openFile(name, write: false) else { continue }
+            defer { try? fd.close() }
+            guard let size = try? fd.seek(offset: 0, from: .end) else { continue }
+            if let rec = attached(to: fd), rec.url == url, rec.length == size { return (directory.pathOf(name), rec) }
+            if let rec = indexed, rec.length == size, rec.mtime == FS.mtime(fd) { return (directory.pathOf(name), rec) }
         }
+        // The indexed file is gone or is another file now: the entry is of no more use.
+        if let indexed, name == nil || indexed.name == name { FS.remove(entry) }
         return nil
     }
 }

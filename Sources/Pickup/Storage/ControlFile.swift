@@ -91,45 +91,56 @@ public enum ControlFile {
         return try? JSONDecoder().decode(ControlRecord.self, from: Data(payload))
     }
 
-    /// Reads the control file at `path`; nil when missing or untrustworthy.
+    /// Reads the control file at `path`; nil when missing, untrustworthy or a symlink.
     public static func load(_ path: FilePath) -> ControlRecord? {
-        guard let data = FS.readFile(path, limit: 64 << 20) else { return nil }
+        guard let name = path.lastComponent?.string,
+            let dir = try? DirectoryHandle.open(path.removingLastComponent().isEmpty ? "." : path.removingLastComponent(), create: false)
+        else { return nil }
+        return load(name, in: dir)
+    }
+
+    /// Reads the control file `name` in `directory`; nil when missing or untrustworthy.
+    static func load(_ name: String, in directory: DirectoryHandle) -> ControlRecord? {
+        guard let data = directory.readFile(name, limit: 64 << 20) else { return nil }
         return decode(data)
     }
 
     /// Replaces the control file atomically and durably.
-    public static func store(_ record: ControlRecord, at path: FilePath) throws(PickupError) {
+    static func store(_ record: ControlRecord, as name: String, in directory: DirectoryHandle) throws(PickupError) {
         let bytes = encode(record)
         do {
-            try replace(bytes, at: path)
+            try replace(bytes, as: name, in: directory)
         } catch {
             guard case .fileSystem(_, .noSpace) = error else { throw error }
-            try overwriteInPlace(bytes, at: path, original: error)
+            try overwriteInPlace(bytes, as: name, in: directory, original: error)
         }
     }
 
-    /// Temp file, fsync, rename, fsync of the directory.
-    static func replace(_ bytes: [UInt8], at path: FilePath) throws(PickupError) {
-        let tmp = FilePath(path.string + ".tmp")
+    /// A new temp file (never through a symlink: any entry at its name is removed first and the
+    /// file is created exclusively), fsync, rename over the control file, fsync of the directory.
+    static func replace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle) throws(PickupError) {
+        let tmp = name + ".tmp"
+        directory.remove(tmp)
+        let fd = try directory.openFile(tmp, write: true, create: true, exclusive: true, mode: 0o600)
         do {
-            let fd = try FileDescriptor.open(
-                tmp, .writeOnly, options: [.create, .truncate, .closeOnExec], permissions: [.ownerReadWrite])
             defer { try? fd.close() }
             _ = try fd.writeAll(bytes)
             try FS.fsync(fd)
         } catch {
-            throw .io(tmp.string, error)
+            directory.remove(tmp)
+            throw .io(directory.pathOf(tmp).string, error)
         }
-        try FS.rename(tmp, path)
-        FS.syncDirectory(path.removingLastComponent())
+        try directory.rename(tmp, to: name)
+        directory.sync()
     }
 
     /// The disk is full: rewrite the existing file within its own blocks, if it is large enough.
-    static func overwriteInPlace(_ bytes: [UInt8], at path: FilePath, original: PickupError) throws(PickupError) {
-        FS.remove(FilePath(path.string + ".tmp"))
-        guard let size = FS.size(path), size >= Int64(bytes.count) else { throw original }
+    static func overwriteInPlace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle,
+                                 original: PickupError) throws(PickupError) {
+        directory.remove(name + ".tmp")
+        guard let size = directory.size(name), size >= Int64(bytes.count) else { throw original }
         do {
-            let fd = try FileDescriptor.open(path, .writeOnly, options: [.closeOnExec])
+            let fd = try directory.openFile(name, write: true)
             defer { try? fd.close() }
             _ = try fd.writeAll(toAbsoluteOffset: 0, bytes)
             try FS.fsync(fd)
@@ -139,8 +150,8 @@ public enum ControlFile {
     }
 
     /// Removes the control file (and a stray temp file).
-    public static func remove(_ path: FilePath) {
-        FS.remove(path)
-        FS.remove(FilePath(path.string + ".tmp"))
+    static func remove(_ name: String, in directory: DirectoryHandle) {
+        directory.remove(name)
+        directory.remove(name + ".tmp")
     }
 }

@@ -17,7 +17,15 @@ public final class PartialFile: Sendable {
     public let path: FilePath
     let fd: FileDescriptor
 
-    /// Opens (creating if needed) the file for reading and writing, without truncating it.
+    /// Opens (creating if needed) `name` in `directory` for reading and writing, without
+    /// truncating it and never through a symlink at that name.
+    init(in directory: DirectoryHandle, name: String) throws(PickupError) {
+        path = directory.pathOf(name)
+        fd = try directory.openFile(name, write: true, create: true)
+    }
+
+    /// Opens (creating if needed) the file at `path` for reading and writing, without truncating
+    /// it (files of Pickup's own state directory).
     public init(path: FilePath) throws(PickupError) {
         self.path = path
         do {
@@ -146,6 +154,11 @@ enum FS {
     static func readFile(_ path: FilePath, limit: Int = 1 << 20) -> [UInt8]? {
         guard let fd = try? FileDescriptor.open(path, .readOnly, options: [.closeOnExec]) else { return nil }
         defer { try? fd.close() }
+        return readAll(fd, limit: limit)
+    }
+
+    /// What is left to read of an open file (at most `limit` bytes); nil on an error or when larger.
+    static func readAll(_ fd: FileDescriptor, limit: Int) -> [UInt8]? {
         var bytes: [UInt8] = []
         var chunk = 16384
         while true {
@@ -160,34 +173,6 @@ enum FS {
         }
     }
 
-    static func rename(_ from: FilePath, _ to: FilePath) throws(PickupError) {
-        if Foundation_rename(from.string, to.string) != 0 { throw .fileSystem(to.string, Errno(rawValue: errno)) }
-    }
-
-    /// Moves `from` to `to` only if nothing is at `to`: an exclusive rename where the platform
-    /// has one (`renameat2` with `RENAME_NOREPLACE`, `renamex_np` with `RENAME_EXCL`), else a hard
-    /// link then unlink (atomic too, never replaces), else a checked rename on file systems
-    /// without hard links.
-    static func moveNoReplace(_ from: FilePath, _ to: FilePath) throws(PickupError) {
-        if pickup_rename_noreplace(from.string, to.string) == 0 { return }
-        if errno == EEXIST { throw .targetExists(to.string) }
-        if link(from.string, to.string) == 0 {
-            _ = unlink(from.string)
-            return
-        }
-        let e = errno
-        if e == EEXIST { throw .targetExists(to.string) }
-        if exists(to) { throw .targetExists(to.string) }
-        try rename(from, to)
-    }
-
-    /// fsyncs a directory so that a rename or create in it is durable.
-    static func syncDirectory(_ dir: FilePath) {
-        guard let fd = try? FileDescriptor.open(dir, .readOnly) else { return }
-        try? fsync(fd)
-        try? fd.close()
-    }
-
     static func makeDirectories(_ path: FilePath) throws(PickupError) {
         if isDirectory(path) { return }
         let parent = path.removingLastComponent()
@@ -196,13 +181,5 @@ enum FS {
             throw .fileSystem(path.string, Errno(rawValue: errno))
         }
     }
-}
-
-@inline(__always) private func Foundation_rename(_ a: String, _ b: String) -> Int32 {
-    #if canImport(Glibc)
-    return Glibc.rename(a, b)
-    #else
-    return Darwin.rename(a, b)
-    #endif
 }
 

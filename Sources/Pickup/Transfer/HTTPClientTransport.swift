@@ -76,9 +76,11 @@ public final class HTTPClientTransport: Transport {
         for (name, value) in request.headers { headers.replaceOrAdd(name: name, value: value) }
         let req: HTTPClient.Request
         do {
+            // Checked first: AsyncHTTPClient traps on some URLs it parses (a port out of range).
+            try DownloadURL.check(request.url)
             req = try HTTPClient.Request(url: request.url, method: .GET, headers: headers)
         } catch {
-            throw TransportError.fatal("invalid URL \(request.url): \(error)")
+            throw TransportError.fatal("invalid URL \(DownloadURL.redacted(request.url)): \(error)")
         }
         budget.inFlight.wrappingIncrement(ordering: .relaxed)
         defer { budget.inFlight.wrappingDecrement(ordering: .relaxed) }
@@ -89,11 +91,14 @@ public final class HTTPClientTransport: Transport {
         // throwaway "overflow" connection whenever none is idle on that loop.)
         let preference: HTTPClient.EventLoopPreference =
             request.lane.map { .delegate(on: loops[$0 % loops.count]) } ?? .indifferent
-        let task = client.execute(request: req, delegate: SinkDelegate(sink), eventLoop: preference)
+        let delegate = SinkDelegate(sink)
+        let task = client.execute(request: req, delegate: delegate, eventLoop: preference)
         do {
             try await withTaskCancellationHandler {
                 try await task.futureResult.get()
             } onCancel: {
+                // A speed limit's pause holds the request until it ends: end it first.
+                delegate.cancelPause(on: task.eventLoop)
                 task.cancel()
             }
         } catch {
@@ -156,6 +161,9 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
     // so `done` needs no lock.
     let sink: Sink
     var done: EventLoopFuture<Void>?
+    /// The speed limit's pause in progress, if any (touched on the task's event loop only).
+    var pause: Scheduled<Void>?
+    var cancelled = false
 
     init(_ sink: Sink) { self.sink = sink }
 
@@ -175,8 +183,12 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
         do {
             let pause = try buffer.withUnsafeReadableBytes { try sink.receiveBody($0) }
             if pause > 0 {
-                // A speed limit: read nothing more until the bucket has refilled.
-                return task.eventLoop.scheduleTask(in: .nanoseconds(Int64(pause * 1e9))) {}.futureResult
+                // A speed limit: read nothing more until the bucket has refilled (or the request
+                // is cancelled: see ``cancelPause(on:)``).
+                if cancelled { return task.eventLoop.makeFailedFuture(CancellationError()) }
+                let timer = task.eventLoop.scheduleTask(in: .nanoseconds(Int64(min(pause, 86400) * 1e9))) {}
+                self.pause = timer
+                return timer.futureResult
             }
             return done!
         } catch {
@@ -185,6 +197,16 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
     }
 
     func didFinishRequest(task: HTTPClient.Task<Void>) throws {}
+
+    /// Ends a pause in progress (its future fails) and any later one, so a cancelled request is
+    /// not held by a speed limit. From any thread.
+    func cancelPause(on loop: any EventLoop) {
+        loop.execute {
+            self.cancelled = true
+            self.pause?.cancel()
+            self.pause = nil
+        }
+    }
 }
 
 /// The read size every connection of one transport may use: the budget shared by the requests in

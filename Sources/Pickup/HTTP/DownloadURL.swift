@@ -1,0 +1,48 @@
+import Foundation
+
+/// Checks URLs before they reach the HTTP stack, and hides their credentials when shown.
+///
+/// Every URL the engine requests (the user's, each redirect target, each restored download)
+/// passes ``check(_:)`` first: AsyncHTTPClient takes the host and port from Foundation's `URL` and
+/// traps on a port an IP address cannot have (`http://127.0.0.1:99999/`), so the same parse is
+/// done here and anything it could not take is refused with a message.
+public enum DownloadURL {
+    /// The longest URL accepted, in bytes (servers commonly refuse request lines past 8 KiB).
+    public static let maxLength = 8192
+
+    /// The URL as it will be requested, or why it cannot be.
+    /// - Throws: ``PickupError/invalidInput(_:)`` with a one-line reason (credentials redacted).
+    @discardableResult
+    public static func check(_ url: String) throws(PickupError) -> URL {
+        let shown = redacted(url)
+        guard url.utf8.count <= maxLength else {
+            throw .invalidInput("the URL is longer than \(maxLength) bytes")
+        }
+        guard !url.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }) else {
+            throw .invalidInput("the URL has spaces or control characters: \(shown)")
+        }
+        guard let parsed = URL(string: url), let scheme = parsed.scheme?.lowercased(),
+            scheme == "http" || scheme == "https", url.contains("://")
+        else { throw .invalidInput("not an http or https URL: \(shown)") }
+        guard let host = parsed.host, !host.isEmpty else { throw .invalidInput("the URL has no host: \(shown)") }
+        if let port = parsed.port, !(1...65535).contains(port) {
+            throw .invalidInput("port \(port) is out of range (1 to 65535): \(shown)")
+        }
+        if host.utf8.count > 253 + 2 { throw .invalidInput("the host name is too long: \(shown)") }
+        return parsed
+    }
+
+    /// `url` with the password of its user information replaced by `***` (`http://user:***@host/`),
+    /// for messages, listings, events and logs. Anything that is not a parseable URL with
+    /// credentials comes back unchanged.
+    public static func redacted(_ url: String) -> String {
+        guard url.utf8.contains(UInt8(ascii: "@")), let schemeEnd = url.range(of: "://") else { return url }
+        let authorityStart = schemeEnd.upperBound
+        let authorityEnd = url[authorityStart...].firstIndex(where: { $0 == "/" || $0 == "?" || $0 == "#" }) ?? url.endIndex
+        let authority = url[authorityStart..<authorityEnd]
+        guard let at = authority.lastIndex(of: "@") else { return url }
+        let userinfo = authority[..<at]
+        let user = userinfo.firstIndex(of: ":").map { userinfo[..<$0] } ?? userinfo
+        return String(url[..<authorityStart]) + user + ":***" + String(url[at...])
+    }
+}
