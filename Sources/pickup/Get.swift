@@ -108,6 +108,12 @@ struct Get: AsyncParsableCommand {
 
     /// `500K`, `2M`, `1G` or plain bytes, per second.
     static func rate(_ text: String) -> Int64? {
+        guard let r = size(text), r >= RateLimiter.minimum else { return nil }
+        return r
+    }
+
+    /// A byte count with an optional K, M or G (1024-based); nil when not a positive number.
+    static func size(_ text: String) -> Int64? {
         let units: [Character: Double] = ["k": 1024, "m": 1024 * 1024, "g": 1024 * 1024 * 1024]
         var number = Substring(text)
         var scale = 1.0
@@ -115,7 +121,7 @@ struct Get: AsyncParsableCommand {
             scale = u
             number = number.dropLast()
         }
-        guard let n = Double(number), n * scale >= Double(RateLimiter.minimum), n * scale < 1e15 else { return nil }
+        guard let n = Double(number), n * scale >= 1, n * scale < 1e18 else { return nil }
         return Int64(n * scale)
     }
 
@@ -152,10 +158,17 @@ struct EngineFlags: ParsableArguments {
     @Option(help: ArgumentHelp("Attempts in a row without progress before giving up.", valueName: "n"))
     var retries: Int = 6
 
+    @Option(help: ArgumentHelp("Refuse a file larger than this (K, M, G are 1024-based); a body without a length is stopped there.",
+                               valueName: "size"))
+    var maxSize: String?
+
     func validate() throws {
         if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
         if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
         if retries < 0 { throw ValidationError("--retries must not be negative") }
+        if let maxSize, Get.size(maxSize) == nil {
+            throw ValidationError("--max-size must be a positive number of bytes, optionally with K, M or G")
+        }
     }
 
     /// Engine and HTTP settings from the options.
@@ -165,6 +178,7 @@ struct EngineFlags: ParsableArguments {
         options.retry.maxAttemptsWithoutProgress = retries
         options.connections = connections
         options.preallocate = preallocate
+        options.maxFileSize = maxSize.flatMap(Get.size)
         var transport = HTTPClientTransport.Options()
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout

@@ -72,12 +72,27 @@ import Testing
     }
 
     @Test func notModifiedOnlyForConditionalRequests() {
-        let conditional = RequestContext(offset: 0, validators: nil, totalLength: nil, conditional: true)
+        let held = Validators(etag: EntityTag("\"v1\""), lastModified: nil, lastModifiedIsStrong: false)
+        let conditional = RequestContext(offset: 0, validators: nil, totalLength: nil, finished: (held, 100))
         #expect(ResponseDecision.decide(head(304, []), context: conditional, now: 0) == .notModified)
         guard case .fail = ResponseDecision.decide(head(304, []), context: resume(), now: 0) else {
             Issue.record("304 to an unconditional request must fail")
             return
         }
+    }
+
+    /// A server that ignores If-None-Match and sends the same file again (same strong validator,
+    /// same length) has answered "unchanged"; another validator or length is a new version.
+    @Test func theSameFileSentAgainToACheckIsUnchanged() {
+        let held = Validators(etag: EntityTag("\"v1\""), lastModified: nil, lastModifiedIsStrong: false)
+        let check = RequestContext(offset: 0, validators: nil, totalLength: nil, finished: (held, 100))
+        #expect(ResponseDecision.decide(head(200, [("ETag", "\"v1\""), ("Content-Length", "100")]), context: check, now: 0) == .notModified)
+        #expect(ResponseDecision.decide(head(206, [("ETag", "\"v1\""), ("Content-Range", "bytes 0-99/100")]), context: check, now: 0) == .notModified)
+        #expect(ResponseDecision.decide(head(200, [("ETag", "\"v2\""), ("Content-Length", "100")]), context: check, now: 0) != .notModified)
+        #expect(ResponseDecision.decide(head(200, [("ETag", "\"v1\""), ("Content-Length", "101")]), context: check, now: 0) != .notModified)
+        #expect(ResponseDecision.decide(head(200, [("ETag", "W/\"v1\""), ("Content-Length", "100")]), context: check, now: 0) != .notModified)
+        let fresh = RequestContext(offset: 0, validators: nil, totalLength: nil)
+        #expect(ResponseDecision.decide(head(200, [("ETag", "\"v1\""), ("Content-Length", "100")]), context: fresh, now: 0) != .notModified)
     }
 }
 

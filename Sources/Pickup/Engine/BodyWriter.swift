@@ -40,6 +40,10 @@ final class SegmentCursor: Sendable {
 /// Thrown by the sink when its range is complete before the response is (the range was split).
 struct RangeComplete: SinkError {}
 
+/// Thrown by the sink when the head decided everything and the body is of no use (a finished
+/// file's check answered with the same file again): the response is not read.
+struct StopReading: SinkError {}
+
 /// The sink for one attempt: decides on the response head (through ``FileDownload``) and then
 /// writes the body at its offset in the partial file.
 ///
@@ -52,6 +56,8 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     let context: RequestContext
     let file: PartialFile
     let limiters: [RateLimiter]
+    /// ``DownloadOptions/maxFileSize``, or `Int64.max`.
+    let maxSize: Int64
     private(set) var cursor: SegmentCursor
     private(set) var decision: ResponseDecision?
     private var writing = false
@@ -70,11 +76,22 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         self.file = file
         self.cursor = cursor
         limiters = download.request.limiters
+        maxSize = download.options.maxFileSize ?? .max
+    }
+
+    func tooLarge() -> PickupError {
+        .server(status: nil, "the file is larger than the maximum size allowed (\(ByteCount.format(maxSize)))")
     }
 
     func receiveHead(_ head: ResponseHead) throws {
         let d = ResponseDecision.decide(head, context: context, now: Clock.wallSeconds())
         decision = d
+        if d == .notModified, head.status != 304 { throw StopReading() }
+        switch d {
+        case .append(_, _, let total?, _), .replace(let total?, _):
+            if total > maxSize { throw tooLarge() }
+        default: break
+        }
         if let (cursor, start, end) = try download.beginWriting(decision: d, head: head, context: context, cursor: cursor,
                                                                      latency: Clock.monotonic() - sent) {
             self.cursor = cursor
@@ -93,6 +110,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         }
         let limit = cursor.end.load(ordering: .relaxed)
         let n = Int(min(Int64(bytes.count), max(0, limit - offset)))
+        if offset + Int64(n) > maxSize { throw tooLarge() }
         if n > 0 {
             do {
                 try file.write(UnsafeRawBufferPointer(rebasing: bytes[0..<n]), at: offset)

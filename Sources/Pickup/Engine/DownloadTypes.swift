@@ -73,6 +73,9 @@ public struct DownloadOptions: Sendable {
     var cpuClock: @Sendable () -> Double = ProcessCPU.seconds
     /// No range is split into pieces smaller than this many bytes.
     public var minSplitSize: Int64 = 1 << 20
+    /// The largest file accepted, in bytes (nil: no limit): a larger announced length fails at
+    /// once, and a body without a length is stopped when it passes it.
+    public var maxFileSize: Int64?
     /// Reserve the whole length on disk as soon as it is known, so a full disk shows at the start.
     public var preallocate = false
     /// Where completion records go when the file system has no extended attributes; nil for

@@ -51,6 +51,8 @@ public final class Downloader: Sendable {
         } catch let e as TransportError {
             switch e {
             case .fatal(let m), .transient(let m): throw .network(m)
+            case .protocolViolation(let m): throw .server(status: nil, m)
+            case .unresolved(let host): throw .network("cannot resolve \(host)")
             }
         } catch {
             throw .network("\(error)")

@@ -216,6 +216,7 @@ extension FileDownload {
         var ownFailures = 0  // this connection's failures in a row: backoff and retirement
         var redirects = 0
         var triedOriginalAgain = false
+        var unresolved = 0
         var url = lock.withLock { resolvedURL }
         let retireAfter = 3
         // "Progress" is any new byte, on any connection, since this connection's previous failure
@@ -234,7 +235,8 @@ extension FileDownload {
                 offset = 0
             }
             let context = RequestContext(offset: offset, validators: offset > 0 ? validators : nil,
-                                         totalLength: offset > 0 ? total : nil, conditional: conditional != nil)
+                                         totalLength: offset > 0 ? total : nil,
+                                         finished: conditional.flatMap { c in c.1.validators.map { ($0, c.1.length) } })
             let headers = Self.requestHeaders(offset: offset, end: end, validators: validators,
                                               conditional: conditional?.1.validators)
             let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor)
@@ -244,10 +246,18 @@ extension FileDownload {
                 try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id), into: sink)
             } catch is RangeComplete {
                 return .done
+            } catch is StopReading {
+                // The head said all there is to know (an unchanged file sent again): decided below.
             } catch let e as TransportError {
                 switch e {
                 case .fatal(let m): throw PickupError.network(m)
+                case .protocolViolation(let m): throw PickupError.server(status: nil, m)
                 case .transient(let m): failure = m
+                case .unresolved(let host):
+                    // A name that does not resolve rarely starts to: two more tries, then say so.
+                    unresolved += 1
+                    guard unresolved <= 2 else { throw PickupError.network("cannot resolve \(host)") }
+                    failure = "cannot resolve \(host)"
                 }
             }
             cursor = sink.cursor

@@ -7,14 +7,22 @@ public struct RequestContext: Sendable, Equatable {
     /// The complete length, when a previous response told it.
     public var totalLength: Int64?
     /// True when the request carried `If-None-Match`/`If-Modified-Since` (checking a finished file).
-    public var conditional: Bool
+    public var conditional: Bool { finished != nil }
+    /// When checking a finished file: its validators and length (from its completion record).
+    public var finished: (validators: Validators, length: Int64)?
 
     /// A request context.
-    public init(offset: Int64, validators: Validators?, totalLength: Int64?, conditional: Bool = false) {
+    public init(offset: Int64, validators: Validators?, totalLength: Int64?,
+                finished: (validators: Validators, length: Int64)? = nil) {
         self.offset = offset
         self.validators = validators
         self.totalLength = totalLength
-        self.conditional = conditional
+        self.finished = finished
+    }
+
+    public static func == (a: RequestContext, b: RequestContext) -> Bool {
+        a.offset == b.offset && a.validators == b.validators && a.totalLength == b.totalLength
+            && a.finished?.validators == b.finished?.validators && a.finished?.length == b.finished?.length
     }
 }
 
@@ -42,6 +50,13 @@ public enum ResponseDecision: Equatable, Sendable {
     /// Decides, following RFC 9110 §14 and §15.3.7, and never combining bytes of two versions.
     public static func decide(_ head: ResponseHead, context: RequestContext, now: Int64) -> ResponseDecision {
         let v = head.validators
+        // A server that ignores If-None-Match / If-Modified-Since but answers with the finished
+        // file's strong validator and length is sending the same file again: it is unchanged.
+        if let (held, length) = context.finished, head.status == 200 || head.status == 206,
+            let strong = v.ifRange, strong == held.ifRange, completeLength(head) == length
+        {
+            return .notModified
+        }
         switch head.status {
         case 206:
             return decidePartial(head, validators: v, context: context)
@@ -75,6 +90,14 @@ public enum ResponseDecision: Equatable, Sendable {
         default:
             return .fail(status: head.status, reason: "unexpected status \(head.status)")
         }
+    }
+
+    /// The complete length a 200 (Content-Length) or 206 (Content-Range) announces.
+    static func completeLength(_ head: ResponseHead) -> Int64? {
+        if head.status == 206, case .range(_, _, let complete?)? = head["Content-Range"].flatMap(ContentRange.init) {
+            return complete
+        }
+        return head.status == 200 ? head.contentLength : nil
     }
 
     static func decidePartial(_ head: ResponseHead, validators v: Validators, context: RequestContext)

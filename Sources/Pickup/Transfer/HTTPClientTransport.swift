@@ -18,6 +18,9 @@ public final class HTTPClientTransport: Transport {
         public var connectTimeout: Double = 15
         /// Seconds without a byte before a connection counts as stalled and is dropped.
         public var stallTimeout: Double = 15
+        /// Seconds from sending a request to having its whole response head: a server that sends
+        /// a head byte by byte (each resetting the stall timer) fails as a protocol error.
+        public var headTimeout: Double = 30
         /// Skip TLS certificate verification.
         public var insecure: Bool = false
         /// `User-Agent` sent with every request.
@@ -41,6 +44,7 @@ public final class HTTPClientTransport: Transport {
     let loops: [any EventLoop]
     let budget: ReadBudget
     let defaultHeaders: HTTPHeaders
+    let headTimeout: TimeAmount
     let isShutDown = ManagedAtomic(false)
 
     /// Creates a transport with its own HTTP client.
@@ -68,6 +72,7 @@ public final class HTTPClientTransport: Transport {
         }
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: config)
         loops = Array(client.eventLoopGroup.makeIterator())
+        headTimeout = .milliseconds(Int64(options.headTimeout * 1000))
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
     }
 
@@ -93,6 +98,7 @@ public final class HTTPClientTransport: Transport {
             request.lane.map { .delegate(on: loops[$0 % loops.count]) } ?? .indifferent
         let delegate = SinkDelegate(sink)
         let task = client.execute(request: req, delegate: delegate, eventLoop: preference)
+        delegate.armHeadDeadline(task, in: headTimeout)
         do {
             try await withTaskCancellationHandler {
                 try await task.futureResult.get()
@@ -103,6 +109,9 @@ public final class HTTPClientTransport: Transport {
             }
         } catch {
             try Task.checkCancellation()
+            if delegate.headTimedOut.load(ordering: .relaxed) {
+                throw TransportError.protocolViolation("no complete response head within \(headTimeout.nanoseconds / 1_000_000_000) s")
+            }
             throw Self.classify(error)
         }
     }
@@ -133,9 +142,25 @@ public final class HTTPClientTransport: Transport {
             return TransportError.transient("\(e)")
         }
         if let e = error as? NIOConnectionError {
+            if e.connectionErrors.isEmpty, e.dnsAError != nil || e.dnsAAAAError != nil {
+                return TransportError.unresolved(host: e.host)
+            }
             let first = e.connectionErrors.first.map { classify($0.error) }
             if case .transient(let m)? = first as? TransportError { return TransportError.transient("cannot connect to \(e.host):\(e.port): \(m)") }
             return TransportError.transient("cannot connect to \(e.host):\(e.port)")
+        }
+        if let e = error as? SocketAddressError, case .unknown(let host, _) = e {
+            return TransportError.unresolved(host: host)
+        }
+        if let e = error as? HTTPParserError {
+            switch e {
+            case .invalidEOFState, .closedConnection:
+                return TransportError.transient("the response ended early (\(e))")
+            case .headerOverflow:
+                return TransportError.protocolViolation("the response head is larger than 80 KiB")
+            default:
+                return TransportError.protocolViolation("malformed response (\(e))")
+            }
         }
         if let e = error as? IOError {
             return TransportError.transient(String(cString: strerror(e.errnoCode)))
@@ -143,9 +168,6 @@ public final class HTTPClientTransport: Transport {
         let name = String(reflecting: type(of: error))
         if name.contains("SSL") || name.contains("TLS") || name.contains("Certificate") {
             return TransportError.fatal("TLS failure: \(error) (use --insecure only if you trust this network)")
-        }
-        if name.contains("HTTPParserError") {
-            return TransportError.transient("response ended early or was malformed (\(error))")
         }
         return TransportError.transient("\(error)")
     }
@@ -164,12 +186,19 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
     /// The speed limit's pause in progress, if any (touched on the task's event loop only).
     var pause: Scheduled<Void>?
     var cancelled = false
+    /// The deadline for the response head (event loop only), and whether it passed.
+    var headDeadline: Scheduled<Void>?
+    var gotHead = false
+    let headTimedOut = ManagedAtomic(false)
 
     init(_ sink: Sink) { self.sink = sink }
 
     func didReceiveHead(task: HTTPClient.Task<Void>, _ head: HTTPResponseHead) -> EventLoopFuture<Void> {
         let ok = task.eventLoop.makeSucceededVoidFuture()
         done = ok
+        gotHead = true
+        headDeadline?.cancel()
+        headDeadline = nil
         do {
             try sink.receiveHead(
                 ResponseHead(status: Int(head.status.code), headers: head.headers.map { ($0.name, $0.value) }))
@@ -197,6 +226,18 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
     }
 
     func didFinishRequest(task: HTTPClient.Task<Void>) throws {}
+
+    /// Cancels the request unless its head has arrived within `timeout`. From any thread.
+    func armHeadDeadline(_ task: HTTPClient.Task<Void>, in timeout: TimeAmount) {
+        task.eventLoop.execute {
+            guard !self.gotHead else { return }
+            self.headDeadline = task.eventLoop.scheduleTask(in: timeout) {
+                guard !self.gotHead else { return }
+                self.headTimedOut.store(true, ordering: .relaxed)
+                task.cancel()
+            }
+        }
+    }
 
     /// Ends a pause in progress (its future fails) and any later one, so a cancelled request is
     /// not held by a speed limit. From any thread.

@@ -37,6 +37,10 @@ public enum TransportError: Error, Sendable, Equatable {
     case transient(String)
     /// Not worth retrying: TLS verification, an unusable URL.
     case fatal(String)
+    /// The server broke HTTP: a response head too large, malformed, or not complete in time.
+    case protocolViolation(String)
+    /// The host name could not be resolved (worth a retry or two: resolvers have bad moments).
+    case unresolved(host: String)
 }
 
 /// Sends GET requests and streams their responses into a sink. The engine depends only on this,
