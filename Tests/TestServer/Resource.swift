@@ -45,6 +45,8 @@ public struct Resource: Sendable {
     /// Requests whose `Range` starts at byte 0 send this many body bytes, then nothing more while
     /// the connection stays open (a connection that stalls near the end of its range).
     public var firstRangeStallAfter: Int?
+    /// Answer `If-None-Match` with the whole resource anyway (a server without conditional GET).
+    public var ignoresConditionals = false
 
     /// A resource; by default with a strong ETag, range support and a Content-Length.
     public init(

@@ -162,7 +162,7 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         for (k, v) in r.headers { headers.append((k, v)) }
         let total = r.body.count
         // Conditional GET.
-        if let inm = recorded["if-none-match"], let e = r.etag, inm == e || inm == "*" {
+        if !r.ignoresConditionals, let inm = recorded["if-none-match"], let e = r.etag, inm == e || inm == "*" {
             return Plan(status: 304, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
         }
         var status = 200

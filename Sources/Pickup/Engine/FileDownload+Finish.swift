@@ -75,7 +75,9 @@ extension FileDownload {
         // one encoding serves the attribute and the index.
         var completion = CompletionRecord(url: request.url, name: name,
                                           validators: rec.validators, length: size, mtime: FS.mtime(file.fd) ?? 0,
-                                          digest: verified)
+                                          digest: verified,
+                                          directory: directory.isAbsolute ? directory.string
+                                              : FilePath(FileManager.default.currentDirectoryPath).pushing(directory).string)
         var encoded = store.attach(completion, to: file)
         while !(try place(as: name)) {
             // Something appeared at the target since we chose it: never replace it.

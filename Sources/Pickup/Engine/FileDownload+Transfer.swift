@@ -373,19 +373,23 @@ extension FileDownload {
         }
     }
 
-    /// The absolute URL a `Location` leads to, checked as the user's URL is (``DownloadURL/check(_:)``).
     func resolveRedirect(_ location: String, from current: String) throws -> String {
+        try Self.resolveRedirect(location, from: current, allowInsecure: options.allowInsecureRedirects)
+    }
+
+    /// The absolute URL a `Location` leads to, checked as the user's URL is (``DownloadURL/check(_:)``).
+    static func resolveRedirect(_ location: String, from current: String, allowInsecure: Bool) throws(PickupError) -> String {
         let shown = DownloadURL.redacted(String(location.prefix(200)))
         guard location.utf8.count <= DownloadURL.maxLength, let base = URL(string: current),
             let next = URL(string: location, relativeTo: base)?.absoluteURL,
             let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
         else { throw PickupError.server(status: nil, "unusable redirect to '\(shown)'") }
-        do {
+        do throws(PickupError) {
             try DownloadURL.check(next.absoluteString)
         } catch {
             throw PickupError.server(status: nil, "unusable redirect: \(error.description)")
         }
-        if base.scheme?.lowercased() == "https", scheme == "http", !options.allowInsecureRedirects {
+        if base.scheme?.lowercased() == "https", scheme == "http", !allowInsecure {
             throw PickupError.server(status: nil, "refusing redirect from https to http (\(DownloadURL.redacted(next.absoluteString))); use --insecure to allow")
         }
         return next.absoluteString

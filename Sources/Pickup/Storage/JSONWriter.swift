@@ -46,6 +46,7 @@ extension CompletionRecord {
         var w = JSONWriter(capacity: 256)
         w.raw(#"{"url":"#); w.string(url)
         w.raw(#","name":"#); w.string(name)
+        if let directory { w.raw(#","directory":"#); w.string(directory) }
         if let v = validators {
             w.raw(#","validators":{"#)
             if let e = v.etag {
