@@ -91,6 +91,8 @@ let package = Package(
             dependencies: [
                 "Pickup", "PickupDaemon", "TestServer",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
             ]
         ),
     ],

@@ -24,6 +24,11 @@ public struct DaemonConfiguration: Sendable {
     public var transport = HTTPClientTransport.Options()
     /// How often progress goes to the event stream, seconds.
     public var progressInterval = 0.5
+    /// Event-stream clients at once (one more gets 503).
+    public var maxEventClients = 128
+    /// Bytes of changes queued for one event-stream client before it is cut off (it reconnects
+    /// for a new snapshot).
+    public var maxEventBacklog = 1 << 20
 
     /// A configuration.
     public init(root: FilePath, stateDirectory: FilePath) {
@@ -54,6 +59,8 @@ public final class Daemon: Sendable {
     let authorities = NIOLockedValueBox<Set<String>>([])
     /// The running service group, to stop it as a signal would.
     let group = NIOLockedValueBox<ServiceGroup?>(nil)
+    /// The event streams' fan-out.
+    let hub: EventHub
 
     /// Opens the state directory (refusing one another process drives), the token (made on first
     /// start, mode 0600) and the saved settings.
@@ -80,6 +87,7 @@ public final class Daemon: Sendable {
         self.manager = try DownloadManager(configuration: manager)
         (token, tokenIsNew) = try files.token()
         self.root = root
+        hub = EventHub(maxClients: configuration.maxEventClients, maxBuffered: configuration.maxEventBacklog)
         self.configuration = configuration
         self.files = files
     }
@@ -88,6 +96,7 @@ public final class Daemon: Sendable {
     /// cancelled; then checkpoints every download, shuts the manager down and removes the address
     /// file. `onListening` gets the base URL once the port is bound (the address file has it too).
     public func run(handlesSignals: Bool = true, onListening: @escaping @Sendable (String) async -> Void = { _ in }) async throws {
+        await hub.start(manager, root: root)
         var logger = Logger(label: "pickup.serve")
         logger.logLevel = .error
         let router = Router(context: BasicRequestContext.self)

@@ -49,7 +49,7 @@ struct Routes {
             let patch = try await JSON.decode(APISettingsPatch.self, from: request)
             return JSON.response(try await daemon.apply(patch))
         }
-        api.get("/events") { _, _ in await events() }
+        api.get("/events") { _, _ in try await events() }
     }
 
     // MARK: - Handlers
@@ -127,17 +127,17 @@ struct Routes {
     }
 
     /// Server-Sent Events: a `snapshot` first, then `added`, `changed`, `progress`, `totals`,
-    /// `notice` and `removed` as they happen, until the client leaves or the daemon stops.
-    private func events() async -> Response {
-        // A client that stops reading is cut off after this many events; it reconnects for a snapshot.
-        let stream = await manager.events(backlog: 20_000)
-        let root = daemon.root
+    /// `notice` and `removed` as they happen, until the client leaves, falls too far behind, or
+    /// the daemon stops (``EventHub``).
+    private func events() async throws -> Response {
+        guard let (after, items, client) = daemon.hub.join() else {
+            throw APIError(status: .serviceUnavailable, code: "too_many_clients",
+                           message: "too many event streams are open; try again later")
+        }
+        let (hub, manager, root) = (daemon.hub, manager, daemon.root)
         let body = ResponseBody { writer in
-            // A comment at once, so that the client knows the stream is open.
-            try await writer.write(ByteBuffer(string: ": pickup events\n\n"))
-            for await event in stream {
-                try await writer.write(Self.frame(event, root: root))
-            }
+            defer { hub.leave(client) }
+            try await hub.stream(manager, root: root, to: &writer, after: after, items: items, client: client)
             try await writer.finish(nil)
         }
         return Response(status: .ok, headers: [.contentType: "text/event-stream", .cacheControl: "no-store"], body: body)

@@ -19,8 +19,11 @@ final class DaemonFixture: @unchecked Sendable {
     private(set) var baseURL = ""
     private var task: Task<Void, any Error>?
 
-    init(server: TestServer? = nil) async throws {
+    let configure: @Sendable (inout DaemonConfiguration) -> Void
+
+    init(server: TestServer? = nil, configure: @escaping @Sendable (inout DaemonConfiguration) -> Void = { _ in }) async throws {
         if let server { self.server = server } else { self.server = try await TestServer.start() }
+        self.configure = configure
         try await start()
     }
 
@@ -30,6 +33,7 @@ final class DaemonFixture: @unchecked Sendable {
         config.progressInterval = 0.02
         config.engine = testOptions(state: state.path.appending("manager"))
         config.transport = testTransport()
+        configure(&config)
         let daemon = try Daemon(configuration: config)
         let (urls, continuation) = AsyncStream<String>.makeStream()
         task = Task { try await daemon.run(handlesSignals: false) { continuation.yield($0) } }

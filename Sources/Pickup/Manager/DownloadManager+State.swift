@@ -43,12 +43,12 @@ extension DownloadManager {
     }
 
     func emit(_ event: ManagerEvent) {
-        for (key, o) in observers {
-            if case .dropped = o.yield(event) {
-                // Too far behind: end its sequence rather than let it miss an event.
-                observers[key] = nil
-                o.finish()
-            }
+        eventSeq += 1
+        let numbered = SequencedEvent(seq: eventSeq, event: event)
+        for (key, o) in observers where !o.send(numbered) {
+            // Too far behind: end its sequence rather than let it miss an event.
+            observers[key] = nil
+            o.end()
         }
     }
 

@@ -95,8 +95,12 @@ public actor DownloadManager {
     var limiters: [DownloadID: RateLimiter] = [:]
     var running: [DownloadID: Run] = [:]
     var stopping: [DownloadID: StopIntent] = [:]
-    var observers: [Int: AsyncStream<ManagerEvent>.Continuation] = [:]
+    var observers: [Int: Observer] = [:]
     var nextObserver = 0
+    /// The number of the latest event sent (events are numbered from 1).
+    var eventSeq: UInt64 = 0
+    /// Every download's id, in order (for paged snapshots).
+    var sortedIDs: [DownloadID] = []
     var maxConcurrent: Int
     var startsAll: Bool
     var started: Bool
@@ -155,6 +159,7 @@ public actor DownloadManager {
             limiters[info.id] = RateLimiter(bytesPerSecond: info.speedLimit)
             queue.add(info.id, state: info.state, priority: info.priority, place: row.place)
         }
+        sortedIDs = infos.keys.sorted()
         if configuration.autoStart {
             Task { await self.schedule() }
         }
@@ -182,7 +187,7 @@ public actor DownloadManager {
         for run in runs.values { await run.task.value }
         await downloader.shutdown()
         emitTotals()
-        for o in observers.values { o.finish() }
+        for o in observers.values { o.end() }
         observers = [:]
         store.close()
         lockFile.close()
@@ -247,6 +252,7 @@ public actor DownloadManager {
                 let held = Downloader.partialProgress(of: Self.request(for: info, root: configuration.root))
                 info.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes, bytesPerSecond: 0)
                 infos[info.id] = info
+                insertSorted(info.id)
                 keys[Key(info.url, info.destination)] = info.id
                 limiters[info.id] = RateLimiter(bytesPerSecond: info.speedLimit)
                 queue.add(info.id, state: info.state, priority: info.priority, place: row.place)
@@ -341,6 +347,7 @@ public actor DownloadManager {
         }
         if deleteFile, info.state == .completed { Self.deleteFile(of: info, root: configuration.root) }
         infos[id] = nil
+        if let i = sortedIndex(of: id), i < sortedIDs.count, sortedIDs[i] == id { sortedIDs.remove(at: i) }
         keys[Key(info.url, info.destination)] = nil
         limiters[id] = nil
         queue.remove(id)
@@ -455,15 +462,76 @@ public actor DownloadManager {
         let policy: AsyncStream<ManagerEvent>.Continuation.BufferingPolicy = backlog.map { .bufferingOldest(max(1, $0)) } ?? .unbounded
         let (stream, continuation) = AsyncStream<ManagerEvent>.makeStream(bufferingPolicy: policy)
         continuation.yield(.snapshot(downloads(), computeTotals()))
+        observe(continuation) { $0.event }
+        return stream
+    }
+
+    /// The changes from now on, numbered (``SequencedEvent/seq``), without a snapshot; `after` is the
+    /// number of the latest event before them. With ``snapshotPage(after:limit:)`` an observer builds
+    /// its picture page by page, with bounded memory however many downloads there are: a change
+    /// numbered at most a page's ``SnapshotPage/seq`` is already in that page. The backlog is as in
+    /// ``events(backlog:)``.
+    public func changes(backlog: Int? = nil) -> (after: UInt64, stream: AsyncStream<SequencedEvent>) {
+        let policy: AsyncStream<SequencedEvent>.Continuation.BufferingPolicy = backlog.map { .bufferingOldest(max(1, $0)) } ?? .unbounded
+        let (stream, continuation) = AsyncStream<SequencedEvent>.makeStream(bufferingPolicy: policy)
+        observe(continuation) { $0 }
+        return (eventSeq, stream)
+    }
+
+    /// Up to `limit` downloads in id order after `id` (from the first with nil), as they are now,
+    /// with the number of the latest event they reflect, and the totals on the last page.
+    public func snapshotPage(after id: DownloadID?, limit: Int) -> SnapshotPage {
+        let start = id.map { sortedIndex(after: $0) } ?? 0
+        let ids = sortedIDs[start..<min(sortedIDs.count, start + max(1, limit))]
+        let isLast = start + ids.count >= sortedIDs.count
+        return SnapshotPage(downloads: ids.compactMap { infos[$0] }, isLast: isLast, seq: eventSeq,
+                            totals: isLast ? computeTotals() : nil)
+    }
+
+    /// One observer: how to hand it an event (false when it fell too far behind) and end it.
+    struct Observer {
+        let send: @Sendable (SequencedEvent) -> Bool
+        let end: @Sendable () -> Void
+    }
+
+    private func observe<T: Sendable>(_ continuation: AsyncStream<T>.Continuation, _ map: @escaping @Sendable (SequencedEvent) -> T) {
         if isShutDown {
             continuation.finish()
-            return stream
+            return
         }
         let key = nextObserver
         nextObserver += 1
-        observers[key] = continuation
+        observers[key] = Observer(
+            send: { if case .dropped = continuation.yield(map($0)) { return false } else { return true } },
+            end: { continuation.finish() })
         continuation.onTermination = { _ in Task { await self.removeObserver(key) } }
-        return stream
+    }
+
+    /// Where `id` is, or would be inserted, in `sortedIDs`.
+    func sortedIndex(of id: DownloadID) -> Int? {
+        var lo = 0, hi = sortedIDs.count
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if sortedIDs[mid] < id { lo = mid + 1 } else { hi = mid }
+        }
+        return lo
+    }
+
+    /// The index of the first id greater than `id`.
+    func sortedIndex(after id: DownloadID) -> Int {
+        var lo = 0, hi = sortedIDs.count
+        while lo < hi {
+            let mid = (lo + hi) / 2
+            if sortedIDs[mid] <= id { lo = mid + 1 } else { hi = mid }
+        }
+        return lo
+    }
+
+    func insertSorted(_ id: DownloadID) {
+        if let last = sortedIDs.last, last < id { sortedIDs.append(id); return }
+        let i = sortedIndex(of: id) ?? sortedIDs.count
+        if i < sortedIDs.count, sortedIDs[i] == id { return }
+        sortedIDs.insert(id, at: i)
     }
 
     private func removeObserver(_ key: Int) { observers[key] = nil }

@@ -133,6 +133,35 @@ public enum ManagerEvent: Sendable {
     case removed(DownloadID)
 }
 
+/// A ``ManagerEvent`` with its number: events are numbered from 1 in the order they are sent.
+public struct SequencedEvent: Sendable {
+    /// The event's number.
+    public var seq: UInt64
+    /// The event.
+    public var event: ManagerEvent
+
+    /// The download it is about, if one.
+    public var download: DownloadID? {
+        switch event {
+        case .added(let i), .changed(let i): i.id
+        case .progress(let id, _), .notice(let id, _), .removed(let id): id
+        case .snapshot, .totals: nil
+        }
+    }
+}
+
+/// A page of a ``DownloadManager``'s downloads, in id order (``DownloadManager/snapshotPage(after:limit:)``).
+public struct SnapshotPage: Sendable {
+    /// The downloads, as they are after event number `seq`.
+    public var downloads: [DownloadInfo]
+    /// Whether no download follows this page.
+    public var isLast: Bool
+    /// The number of the latest event these downloads reflect.
+    public var seq: UInt64
+    /// The totals, as of `seq` (on the last page only).
+    public var totals: ManagerTotals?
+}
+
 /// A download to add to a ``DownloadManager``: the URL, where it goes, and its options.
 public struct NewDownload: Sendable {
     /// The http or https URL.
