@@ -10,7 +10,8 @@ Outputs go to tmpfs (/dev/shm) so that the disk is not what is measured.
 
 Cases: throttled, single, multi, skewed (one file); batch (400 files of 64 KiB, 16 at a time,
 `pickup get -i` against `aria2c -i -j16` and `wget -i`); queue (10,000 queued downloads in the
-DownloadManager: adding, listing, restoring; no network).
+DownloadManager: adding, listing, restoring; no network); daemon (API latency with 10,000 downloads);
+events (the same with 100 event-stream clients, half of which never read: latency and peak memory).
 """
 import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, \
     threading, time
@@ -95,7 +96,7 @@ def tools(pickup, conns, url, out, baseline=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--cases", default="throttled,single,multi,skewed,batch,queue,daemon")
+    ap.add_argument("--cases", default="throttled,single,multi,skewed,batch,queue,daemon,events")
     ap.add_argument("--pickup", default=os.path.join(ROOT, ".build/release/pickup"))
     ap.add_argument("--baseline", help="another pickup binary to run beside it (before and after a change)")
     args = ap.parse_args()
@@ -107,7 +108,7 @@ def main():
     os.makedirs(site), os.makedirs(outdir)
     wanted = args.cases.split(",")
     sizes = {}
-    if "daemon" in wanted:
+    if {"daemon", "events"} & set(wanted):
         sizes["64m.bin"] = 64 * MiB
     if {"throttled", "skewed"} & set(wanted):
         sizes["256m.bin"] = 256 * MiB
@@ -144,6 +145,9 @@ def main():
                 continue
             if key == "daemon":
                 daemon_case(args, work, outdir, base_url)
+                continue
+            if key == "events":
+                events_case(args, work, outdir, base_url)
                 continue
             title, path, conns, ideal = cases[key]
             name = os.path.basename(path)
@@ -236,87 +240,143 @@ def percentile(samples, p):
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def daemon_case(args, work, outdir, base_url, count=10_000, running=16):
-    """`pickup serve` with 10,000 queued downloads, 16 of them transferring (nginx at 128 KiB/s each)
-    and a client following the event stream: API latency, measured from a second process."""
-    state = os.path.join(work, "daemon-state")
-    proc = subprocess.Popen([args.pickup, "serve", "--listen", "127.0.0.1:0", "-d", outdir, "--state", state,
-                             "-j", str(running), "-x", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        address = os.path.join(state, "daemon.json")
+class DaemonUnderTest:
+    """`pickup serve` in a child process, with `count` downloads added over the API (16 transferring
+    from nginx at 128 KiB/s each), and a client for timed API calls."""
+
+    def __init__(self, args, work, outdir, base_url, count, running=16):
+        self.state = os.path.join(work, f"daemon-state-{time.monotonic_ns()}")
+        self.proc = subprocess.Popen([args.pickup, "serve", "--listen", "127.0.0.1:0", "-d", outdir, "--state", self.state,
+                                      "-j", str(running), "-x", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        address = os.path.join(self.state, "daemon.json")
         for _ in range(400):
             if os.path.exists(address):
                 break
             time.sleep(0.05)
         url = json.load(open(address))["url"]
-        token = open(os.path.join(state, "token")).read().strip()
+        self.token = open(os.path.join(self.state, "token")).read().strip()
         host, port = url[len("http://"):].rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port))
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-
-        def call(method, path, body=None):
-            start = time.perf_counter()
-            conn.request(method, "/api/v1" + path, body=body, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-            elapsed = time.perf_counter() - start
-            if response.status >= 300:
-                raise SystemExit(f"{method} {path}: {response.status} {data[:200]}")
-            return elapsed, data
-
-        added = [call("POST", "/downloads", json.dumps({"url": f"{base_url}/slow/64m.bin?n={i}", "name": f"d/{i}.bin"}))[0]
-                 for i in range(count)]
+        self.host, self.port = host, int(port)
+        self.conn = http.client.HTTPConnection(host, self.port)
+        self.headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        self.added = [self.call("POST", "/downloads",
+                                json.dumps({"url": f"{base_url}/slow/64m.bin?n={i}", "name": f"d/{i}.bin"}))[0]
+                      for i in range(count)]
         for _ in range(400):
-            if len(json.loads(call("GET", "/downloads?state=running")[1])) == running:
+            if len(json.loads(self.call("GET", "/downloads?state=running")[1])) == running:
                 break
             time.sleep(0.05)
 
-        # A watcher on the event stream while the API is measured.
-        events = {"n": 0}
-        def follow():
-            c = http.client.HTTPConnection(host, int(port))
-            c.request("GET", "/api/v1/events", headers=headers)
+    def call(self, method, path, body=None):
+        start = time.perf_counter()
+        self.conn.request(method, "/api/v1" + path, body=body, headers=self.headers)
+        response = self.conn.getresponse()
+        data = response.read()
+        elapsed = time.perf_counter() - start
+        if response.status >= 300:
+            raise SystemExit(f"{method} {path}: {response.status} {data[:200]}")
+        return elapsed, data
+
+    def follow(self, counter):
+        """A client on the event stream that reads everything, in a thread; counts events."""
+        def run():
+            c = http.client.HTTPConnection(self.host, self.port)
+            c.request("GET", "/api/v1/events", headers=self.headers)
             r = c.getresponse()
             while True:
                 line = r.fp.readline()
                 if not line:
                     return
                 if line.startswith(b"event:"):
-                    events["n"] += 1
-        threading.Thread(target=follow, daemon=True).start()
+                    counter["n"] += 1
+        threading.Thread(target=run, daemon=True).start()
 
-        one = [call("GET", f"/downloads/{random.randint(1, count)}")[0] for _ in range(3000)]
-        page = [call("GET", "/downloads?limit=100")[0] for _ in range(300)]
-        run_list = [call("GET", "/downloads?state=running")[0] for _ in range(300)]
+    def stalled_client(self):
+        """A client that asks for the event stream and never reads (a small receive buffer)."""
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((self.host, self.port))
+        s.sendall(f"GET /api/v1/events HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                  f"Authorization: Bearer {self.token}\r\n\r\n".encode())
+        return s
+
+    def peak_rss(self):
+        for line in open(f"/proc/{self.proc.pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0
+
+    def stop(self):
+        start = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        return time.monotonic() - start, code
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def latency_table(rows):
+    print("| request | n | p50 ms | p99 ms | max ms |")
+    print("|---|---:|---:|---:|---:|")
+    for title, samples in rows:
+        print(f"| {title} | {len(samples)} | {percentile(samples, 50) * 1000:.2f} | {percentile(samples, 99) * 1000:.2f} "
+              f"| {max(samples) * 1000:.2f} |")
+
+
+def daemon_case(args, work, outdir, base_url, count=10_000):
+    """`pickup serve` with 10,000 queued downloads, 16 of them transferring (nginx at 128 KiB/s each)
+    and a client following the event stream: API latency, measured from a second process."""
+    d = DaemonUnderTest(args, work, outdir, base_url, count)
+    try:
+        events = {"n": 0}
+        d.follow(events)
+        one = [d.call("GET", f"/downloads/{random.randint(1, count)}")[0] for _ in range(3000)]
+        page = [d.call("GET", "/downloads?limit=100")[0] for _ in range(300)]
+        run_list = [d.call("GET", "/downloads?state=running")[0] for _ in range(300)]
         full = []
         for _ in range(60):
-            elapsed, data = call("GET", "/downloads")
+            elapsed, data = d.call("GET", "/downloads")
             full.append(elapsed)
         size = len(data)
         listed = len(json.loads(data))
-        states = json.loads(call("GET", "/downloads?state=running")[1])
-        rss = 0
-        for line in open(f"/proc/{proc.pid}/status"):
-            if line.startswith("VmHWM:"):
-                rss = int(line.split()[1]) / 1024
-        start = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
-        stopped = time.monotonic() - start
+        states = json.loads(d.call("GET", "/downloads?state=running")[1])
+        rss = d.peak_rss()
+        stopped, code = d.stop()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        d.kill()
     print(f"\n### daemon: {count:,} queued downloads, {len(states)} transferring, a client on the event stream "
           f"({events['n']} events seen while measuring)")
-    print("| request | n | p50 ms | p99 ms | max ms |")
-    print("|---|---:|---:|---:|---:|")
-    for title, samples in [("POST /downloads (adding the 10,000)", added), ("GET /downloads/{id}", one),
-                           ("GET /downloads?limit=100", page), ("GET /downloads?state=running", run_list),
-                           (f"GET /downloads (all {listed:,}, {size / MiB:.1f} MiB of JSON)", full)]:
-        print(f"| {title} | {len(samples)} | {percentile(samples, 50) * 1000:.2f} | {percentile(samples, 99) * 1000:.2f} "
-              f"| {max(samples) * 1000:.2f} |")
+    latency_table([("POST /downloads (adding the 10,000)", d.added), ("GET /downloads/{id}", one),
+                   ("GET /downloads?limit=100", page), ("GET /downloads?state=running", run_list),
+                   (f"GET /downloads (all {listed:,}, {size / MiB:.1f} MiB of JSON)", full)])
     print(f"daemon peak RSS {rss:.0f} MiB; SIGTERM to exit {stopped:.2f} s (exit {code})")
+
+
+def events_case(args, work, outdir, base_url, count=10_000, readers=50, stalled=50):
+    """`pickup serve` with 10,000 downloads and 100 event-stream clients, half of which never read:
+    API latency and the daemon's peak memory."""
+    d = DaemonUnderTest(args, work, outdir, base_url, count)
+    sockets = []
+    try:
+        base_rss = d.peak_rss()
+        events = {"n": 0}
+        for _ in range(readers):
+            d.follow(events)
+        sockets = [d.stalled_client() for _ in range(stalled)]
+        one = [d.call("GET", f"/downloads/{random.randint(1, count)}")[0] for _ in range(3000)]
+        rss = d.peak_rss()
+        stopped, code = d.stop()
+    finally:
+        for s in sockets:
+            s.close()
+        d.kill()
+    print(f"\n### daemon events: {count:,} downloads, {readers} event clients reading and {stalled} never reading "
+          f"({events['n']} events read while measuring)")
+    latency_table([("GET /downloads/{id}", one)])
+    print(f"daemon peak RSS {rss:.0f} MiB ({base_rss:.0f} MiB before the clients); SIGTERM to exit {stopped:.2f} s (exit {code})")
 
 
 if __name__ == "__main__":
