@@ -77,6 +77,19 @@ func isSymlink(_ path: FilePath) -> Bool {
         #expect(victim.untouched)
     }
 
+    /// A finished download moved to the partial file's name of another download is left alone.
+    @Test func aFinishedFileAtAPartialFilesNameIsNotTruncated() async throws {
+        let f = try await Fixture()
+        defer { Task { await f.close() } }
+        let body = Resource.bytes(count: 3000)
+        f.server.set("/a.bin", Resource(body: body))
+        f.server.set("/b.bin", Resource(body: Resource.bytes(count: 10, seed: 9)))
+        _ = try await f.get("/a.bin")
+        try FileManager.default.moveItem(atPath: f.dir.file("a.bin").string, toPath: f.dir.file("b.bin.pickup-part").string)
+        await #expect(throws: PickupError.self) { try await f.get("/b.bin", to: .file(f.dir.file("b.bin"))) }
+        #expect(f.dir.read("b.bin.pickup-part") == body)
+    }
+
     @Test func namesThatCollideWithHelperFilesOrDoNotFitAreRefused() async throws {
         let f = try await Fixture()
         defer { Task { await f.close() } }

@@ -119,6 +119,12 @@ final class FileDownload: @unchecked Sendable {
         let file = try PartialFile(in: dir, name: partialName)
         defer { file.close() }
         guard file.lock() else { throw PickupError.busy(partialPath.string) }
+        // A finished file at this partial file's name (its completion record names it so, or is of
+        // another URL) is not ours to truncate. (Our own partial file carries this URL's record
+        // only between finishing and its rename.)
+        if let finished = store.attached(to: file.fd), finished.name == partialName || finished.url != request.url {
+            throw PickupError.invalidInput("\(partialPath) is a finished download, not a partial one; rename it and run again")
+        }
         lock.withLock { self.file = file }
         if request.restart {
             ControlFile.remove(controlName, in: dir)
