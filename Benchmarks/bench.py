@@ -11,7 +11,8 @@ Outputs go to tmpfs (/dev/shm) so that the disk is not what is measured.
 Cases: throttled, single, multi, skewed (one file); batch (400 files of 64 KiB, 16 at a time,
 `pickup get -i` against `aria2c -i -j16` and `wget -i`); queue (10,000 queued downloads in the
 DownloadManager: adding, listing, restoring; no network); daemon (API latency with 10,000 downloads);
-events (the same with 100 event-stream clients, half of which never read: latency and peak memory).
+events (the same with 100 event-stream clients, half of which never read: latency and peak memory);
+limits (the rate `--limit-rate` achieves, from 1 KiB/s to 1 MiB/s; not in the default set: 32 s).
 """
 import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, \
     threading, time
@@ -110,6 +111,9 @@ def main():
     sizes = {}
     if {"daemon", "events"} & set(wanted):
         sizes["64m.bin"] = 64 * MiB
+    if "limits" in wanted:
+        for rate in LIMITS:
+            sizes[f"limit-{rate}.bin"] = rate * LIMIT_SECONDS
     if {"throttled", "skewed"} & set(wanted):
         sizes["256m.bin"] = 256 * MiB
     if {"single", "multi"} & set(wanted):
@@ -148,6 +152,9 @@ def main():
                 continue
             if key == "events":
                 events_case(args, work, outdir, base_url)
+                continue
+            if key == "limits":
+                limits_case(args, outdir, base_url)
                 continue
             title, path, conns, ideal = cases[key]
             name = os.path.basename(path)
@@ -238,6 +245,25 @@ def queue_case(args):
 def percentile(samples, p):
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+LIMITS = [1024, 10 * 1024, 100 * 1024, 1024 * 1024]
+LIMIT_SECONDS = 8
+
+
+def limits_case(args, outdir, base_url):
+    """`pickup get --limit-rate R` of a file of R x 8 bytes: the rate achieved against the limit."""
+    print(f"\n### speed limits: a file of {LIMIT_SECONDS} s at the limit, one run each")
+    print("| limit B/s | file | wall s | achieved B/s | achieved / limit |")
+    print("|---:|---:|---:|---:|---:|")
+    for rate in LIMITS:
+        name = f"limit-{rate}.bin"
+        out = os.path.join(outdir, name)
+        wall, _, _, code = run([args.pickup, "get", f"{base_url}/{name}", "-o", out, "-q", "--overwrite", "-x", "1",
+                                "--limit-rate", str(rate)])
+        size = rate * LIMIT_SECONDS
+        ok = code == 0 and os.path.getsize(out) == size
+        print(f"| {rate} | {size // 1024} KiB | {wall:.2f} | {size / wall:.0f} | {size / wall / rate:.3f}{'' if ok else ' (failed)'} |")
 
 
 class DaemonUnderTest:
