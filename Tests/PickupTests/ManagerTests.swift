@@ -72,6 +72,24 @@ extension DownloadManager {
 }
 
 @Suite(.timeLimit(.minutes(1))) struct ManagerTests {
+    /// At the lowest speed limit a paused download stops transferring, and the manager shuts down,
+    /// without waiting for the limiter's pause to run out (a minute or more per read here; the
+    /// suite's time limit is the guard).
+    @Test func pauseAndShutdownTakeEffectAtTheLowestLimit() async throws {
+        let f = try await ManagerFixture()
+        _ = f.serveFiles(1, size: 1 << 20)
+        let m = try f.manager()
+        let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path), speedLimit: RateLimiter.minimum)
+        await m.waitUntil { $0[id]?.progress.bytesDone ?? 0 > 0 }
+        try await m.pause(id)
+        let paused = await m.waitUntil { $0[id]?.state == .paused }
+        #expect(paused[id]?.progress.bytesDone ?? 0 < 1 << 20, "the limit held until the pause")
+        try await m.resume(id)
+        await m.waitUntil { $0[id]?.state == .running }
+        await m.shutdown()
+        await f.close()
+    }
+
     @Test func neverMoreThanTheLimitAtOnceAndEveryFileByteExact() async throws {
         let f = try await ManagerFixture()
         let bodies = f.serveFiles(8, size: 200_000, rate: 2_000_000)
