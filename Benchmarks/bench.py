@@ -99,6 +99,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cases", default="throttled,single,multi,skewed,batch,queue,daemon,events")
     ap.add_argument("--pickup", default=os.path.join(ROOT, ".build/release/pickup"))
+    ap.add_argument("--daemon-downloads", type=int, default=10_000, help="downloads in the daemon and events cases")
     ap.add_argument("--baseline", help="another pickup binary to run beside it (before and after a change)")
     args = ap.parse_args()
     if not os.path.exists(args.pickup):
@@ -148,10 +149,10 @@ def main():
                 queue_case(args)
                 continue
             if key == "daemon":
-                daemon_case(args, work, outdir, base_url)
+                daemon_case(args, work, outdir, base_url, args.daemon_downloads)
                 continue
             if key == "events":
-                events_case(args, work, outdir, base_url)
+                events_case(args, work, outdir, base_url, args.daemon_downloads)
                 continue
             if key == "limits":
                 limits_case(args, outdir, base_url)
@@ -315,6 +316,8 @@ class DaemonUnderTest:
                     return
                 if line.startswith(b"event:"):
                     counter["n"] += 1
+                    if line.startswith(b"event: snapshot"):
+                        counter["snapshots"] = counter.get("snapshots", 0) + 1
         threading.Thread(target=run, daemon=True).start()
 
     def stalled_client(self):
@@ -392,7 +395,11 @@ def events_case(args, work, outdir, base_url, count=10_000, readers=50, stalled=
         for _ in range(readers):
             d.follow(events)
         sockets = [d.stalled_client() for _ in range(stalled)]
-        one = [d.call("GET", f"/downloads/{random.randint(1, count)}")[0] for _ in range(3000)]
+        one = []
+        # Measured while the snapshots go out, and on until every reader has had its own.
+        deadline = time.monotonic() + 120
+        while len(one) < 3000 or (events.get("snapshots", 0) < readers and time.monotonic() < deadline):
+            one.append(d.call("GET", f"/downloads/{random.randint(1, count)}")[0])
         rss = d.peak_rss()
         stopped, code = d.stop()
     finally:
@@ -400,7 +407,7 @@ def events_case(args, work, outdir, base_url, count=10_000, readers=50, stalled=
             s.close()
         d.kill()
     print(f"\n### daemon events: {count:,} downloads, {readers} event clients reading and {stalled} never reading "
-          f"({events['n']} events read while measuring)")
+          f"({events.get('snapshots', 0)} snapshots and {events['n']} events read while measuring)")
     latency_table([("GET /downloads/{id}", one)])
     print(f"daemon peak RSS {rss:.0f} MiB ({base_rss:.0f} MiB before the clients); SIGTERM to exit {stopped:.2f} s (exit {code})")
 

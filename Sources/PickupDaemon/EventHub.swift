@@ -1,4 +1,5 @@
 import Atomics
+import Dispatch
 import Hummingbird
 import NIOConcurrencyHelpers
 import Pickup
@@ -25,6 +26,8 @@ final class EventHub: Sendable {
         let key: Int
         let continuation: AsyncStream<Item>.Continuation
         let buffered = ManagedAtomic(0)
+        /// When the write in progress began (monotonic nanoseconds), 0 when none is.
+        let writingSince = ManagedAtomic<UInt64>(0)
         init(key: Int, continuation: AsyncStream<Item>.Continuation) {
             self.key = key
             self.continuation = continuation
@@ -40,6 +43,8 @@ final class EventHub: Sendable {
 
     let maxClients: Int
     let maxBuffered: Int
+    /// A client whose socket takes nothing for this long is cut off.
+    let writeTimeout: Duration = .seconds(30)
     let pageSize: Int
     let state = NIOLockedValueBox(State())
 
@@ -116,12 +121,53 @@ final class EventHub: Sendable {
         state.withLockedValue { _ = $0.clients.removeValue(forKey: client.key) }
     }
 
+    /// Serves one client: its stream (``stream(_:root:to:after:items:client:)``) beside a watchdog
+    /// that ends it when a write has taken longer than `writeTimeout` (a client that stopped reading
+    /// in the middle of a snapshot) or the daemon is stopping: a blocked write would otherwise hold
+    /// the server's shutdown forever.
+    func serve(_ manager: DownloadManager, root: FilePath, to writer: inout any ResponseBodyWriter,
+               after: UInt64, items: AsyncStream<Item>, client: Client) async throws {
+        let box = WriterBox(writer)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try await self.stream(manager, root: root, to: &box.writer, after: after, items: items, client: client)
+            }
+            group.addTask { try await self.watch(client) }
+            // The first to end ends the other: the stream (the client was cut off or the daemon is
+            // stopping), or the watchdog (which throws, cancelling a blocked write).
+            _ = try await group.next()
+            group.cancelAll()
+        }
+        writer = box.writer
+    }
+
+    /// Returns never; throws once `client`'s write in progress is older than `writeTimeout`, or the
+    /// hub is closed while one is in progress.
+    func watch(_ client: Client) async throws {
+        let limit = UInt64(writeTimeout.components.seconds) * 1_000_000_000
+        while true {
+            try await Task.sleep(nanoseconds: 1_000_000_000)
+            let since = client.writingSince.load(ordering: .relaxed)
+            guard since > 0 else { continue }
+            if state.withLockedValue({ $0.closed }) || DispatchTime.now().uptimeNanoseconds - since > limit {
+                throw CancellationError()
+            }
+        }
+    }
+
+    /// Writes `buffer`, noting for the watchdog when the write began.
+    func write(_ buffer: ByteBuffer, to writer: inout any ResponseBodyWriter, client: Client) async throws {
+        client.writingSince.store(max(1, DispatchTime.now().uptimeNanoseconds), ordering: .relaxed)
+        defer { client.writingSince.store(0, ordering: .relaxed) }
+        try await writer.write(buffer)
+    }
+
     /// Writes one client's stream: the snapshot page by page as the manager has it now (each
     /// page tagged with the number of the last change it reflects), then every change from its
     /// queue that the page of its download does not already reflect.
     func stream(_ manager: DownloadManager, root: FilePath, to writer: inout any ResponseBodyWriter,
                 after: UInt64, items: AsyncStream<Item>, client: Client) async throws {
-        try await writer.write(ByteBuffer(string: ": pickup events\n\nevent: snapshot\ndata: {\"downloads\":["))
+        try await write(ByteBuffer(string: ": pickup events\n\nevent: snapshot\ndata: {\"downloads\":["), to: &writer, client: client)
         var cursor: DownloadID? = nil
         // The last id of each page with the change number it reflects (the last page covers every id beyond).
         var pages: [(last: DownloadID, seq: UInt64)] = []
@@ -135,7 +181,7 @@ final class EventHub: Sendable {
                 first = false
                 APIDownload(d, root: root).write(to: &w)
             }
-            try await writer.write(ByteBuffer(bytes: w.bytes))
+            try await write(ByteBuffer(bytes: w.bytes), to: &writer, client: client)
             if page.isLast {
                 pages.append((DownloadID(rawValue: .max), page.seq))
                 totals = page.totals
@@ -147,7 +193,7 @@ final class EventHub: Sendable {
         var tail = Array("],\"totals\":".utf8)
         tail += totals.flatMap { try? JSON.encoder.encode(APITotals($0)) }.map(Array.init) ?? Array("{}".utf8)
         tail += Array("}\n\n".utf8)
-        try await writer.write(ByteBuffer(bytes: tail))
+        try await write(ByteBuffer(bytes: tail), to: &writer, client: client)
         let snapshotSeq = pages.last?.seq ?? after
         for await item in items {
             client.buffered.wrappingDecrement(by: item.frame.readableBytes, ordering: .relaxed)
@@ -155,7 +201,13 @@ final class EventHub: Sendable {
                 if item.isTotals { continue }
                 if let id = item.download, let page = pages.first(where: { $0.last >= id }), item.seq <= page.seq { continue }
             }
-            try await writer.write(item.frame)
+            try await write(item.frame, to: &writer, client: client)
         }
     }
+}
+
+/// A response body writer that a child task can use while its parent waits.
+final class WriterBox: @unchecked Sendable {
+    var writer: any ResponseBodyWriter
+    init(_ writer: any ResponseBodyWriter) { self.writer = writer }
 }

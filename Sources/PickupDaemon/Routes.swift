@@ -137,7 +137,7 @@ struct Routes {
         let (hub, manager, root) = (daemon.hub, manager, daemon.root)
         let body = ResponseBody { writer in
             defer { hub.leave(client) }
-            try await hub.stream(manager, root: root, to: &writer, after: after, items: items, client: client)
+            try await hub.serve(manager, root: root, to: &writer, after: after, items: items, client: client)
             try await writer.finish(nil)
         }
         return Response(status: .ok, headers: [.contentType: "text/event-stream", .cacheControl: "no-store"], body: body)

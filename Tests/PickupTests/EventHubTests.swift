@@ -147,4 +147,37 @@ func frames(_ text: String) -> [(String, Data)] {
         #expect(second.body.contains("too_many_clients"))
         first.cancel()
     }
+
+    /// A client that stops reading in the middle of its snapshot does not hold the daemon's
+    /// shutdown: the write it is blocked in ends when the hub closes (the suite's time limit is the guard).
+    @Test(.timeLimit(.minutes(1))) func aStalledClientDoesNotHoldTheShutdown() async throws {
+        let state = TempDir()
+        let m = try await manager(state, count: 10)
+        let hub = EventHub()
+        await hub.start(m, root: state.path)
+        let (after, items, client) = try #require(hub.join())
+        let (blocked, signal) = AsyncStream<Void>.makeStream()
+        let serving = Task {
+            var writer: any ResponseBodyWriter = StalledWriter(onWrite: { signal.yield() })
+            try await hub.serve(m, root: state.path, to: &writer, after: after, items: items, client: client)
+        }
+        for await _ in blocked { break }
+        await m.shutdown()
+        await #expect(throws: CancellationError.self) { try await serving.value }
+    }
+}
+
+/// A client that takes nothing: every write waits until it is cancelled.
+struct StalledWriter: ResponseBodyWriter {
+    let onWrite: @Sendable () -> Void
+    let never = AsyncStream<Void>.makeStream()
+    mutating func write(_ buffer: ByteBuffer) async throws {
+        onWrite()
+        for await _ in never.stream {}
+        throw CancellationError()
+    }
+    mutating func write(contentsOf buffers: some Sequence<ByteBuffer>) async throws {
+        for b in buffers { try await write(b) }
+    }
+    consuming func finish(_ trailingHeaders: HTTPFields?) async throws {}
 }
