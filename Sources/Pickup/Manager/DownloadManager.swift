@@ -119,7 +119,7 @@ public actor DownloadManager {
     ///   ``PickupError/fileSystem(_:_:)`` when it cannot be created or read.
     public init(configuration: Configuration) throws(PickupError) {
         let dir = configuration.stateDirectory
-        try FS.makeDirectories(dir)
+        try StateDirectory.prepare(dir)
         let lock = try PartialFile(path: dir.appending("manager.lock"))
         guard lock.lock() else {
             lock.close()
@@ -165,10 +165,24 @@ public actor DownloadManager {
         }
     }
 
-    /// Starts downloads, when the configuration said not to at once.
+    /// Starts downloads, when the configuration said not to at once, or again after ``suspend()``.
     public func start() {
         started = true
         schedule()
+    }
+
+    /// Stops every transfer, each after a checkpoint, and starts none until ``start()``: what an
+    /// app does when it goes to the background (call `start()` when it comes back). The downloads
+    /// that were running wait in their places in the queue and resume from their checkpoints;
+    /// nothing else changes. Returns once every transfer has ended.
+    public func suspend() async {
+        started = false
+        let runs = running
+        for id in runs.keys where stopping[id] == nil {
+            stop(id, .requeue)
+            moveTo(id, .waiting)
+        }
+        for run in runs.values { await run.task.value }
     }
 
     /// Stops every transfer (each checkpoints first), saves the queue, and releases the state
@@ -417,6 +431,26 @@ public actor DownloadManager {
     }
 
     // MARK: - Queries
+
+    /// Waits until a download has completed or failed and returns it (its ``DownloadInfo/path`` or
+    /// its ``DownloadInfo/failure``); nil when it is removed first, is unknown, or the manager shuts
+    /// down. A paused download is waited for until it is resumed and ends.
+    public func outcome(of id: DownloadID) async -> DownloadInfo? {
+        for await event in events() {
+            switch event {
+            case .snapshot(let all, _):
+                guard let info = all.first(where: { $0.id == id }) else { return nil }
+                if info.state.isFinal { return info }
+            case .changed(let info) where info.id == id && info.state.isFinal:
+                return info
+            case .removed(id):
+                return nil
+            default:
+                break
+            }
+        }
+        return nil
+    }
 
     /// A download by id.
     public func download(_ id: DownloadID) -> DownloadInfo? { infos[id] }

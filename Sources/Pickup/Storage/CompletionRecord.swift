@@ -37,6 +37,24 @@ public enum StateDirectory {
         return FilePath(NSHomeDirectory()).appending(".local/state/pickup")
         #endif
     }
+
+    /// Creates a state directory (and its parents) if missing. On Apple platforms it is excluded
+    /// from backups (iCloud, Time Machine): it holds the queue and records that a new download
+    /// rebuilds, not documents.
+    public static func prepare(_ directory: FilePath) throws(PickupError) {
+        let existed = FS.isDirectory(directory)
+        try FS.makeDirectories(directory)
+        #if canImport(Darwin)
+        if !existed {
+            var url = URL(fileURLWithPath: directory.string, isDirectory: true)
+            var values = URLResourceValues()
+            values.isExcludedFromBackup = true
+            try? url.setResourceValues(values)
+        }
+        #else
+        _ = existed
+        #endif
+    }
 }
 
 /// Reads and writes completion records.
@@ -78,6 +96,7 @@ public struct CompletionStore: Sendable {
             try write()
         } catch {
             // The first entry of this state directory: make its folder.
+            try? StateDirectory.prepare(stateDirectory)
             try? FS.makeDirectories(path.removingLastComponent())
             try? write()
         }

@@ -71,13 +71,26 @@ public final class PartialFile: Sendable {
         do { try fd.resize(to: length) } catch { throw .io(path.string, error) }
     }
 
-    /// Reserves `length` bytes on disk so that a full disk is reported at the start, not at 99 %.
-    /// Uses `fallocate` where the platform has it, else extends the file with `ftruncate`.
+    /// Reserves `length` bytes on disk so that a full disk is reported at the start, not at 99 %:
+    /// `posix_fallocate` on Linux, `F_PREALLOCATE` (contiguous first, then any blocks) on Apple
+    /// platforms, then the file is extended to `length` with `ftruncate` where it is shorter.
     public func preallocate(_ length: Int64) throws(PickupError) {
         #if os(Linux)
         let r = posix_fallocate(fd.rawValue, 0, off_t(length))
         if r == 0 { return }
         if r == ENOSPC { throw .fileSystem(path.string, Errno.noSpace) }
+        #elseif canImport(Darwin)
+        let current = try size()
+        if current < length {
+            var store = fstore_t(fst_flags: UInt32(F_ALLOCATECONTIG | F_ALLOCATEALL), fst_posmode: F_PEOFPOSMODE,
+                                 fst_offset: 0, fst_length: off_t(length - current), fst_bytesalloc: 0)
+            var r = fcntl(fd.rawValue, F_PREALLOCATE, &store)
+            if r == -1 {
+                store.fst_flags = UInt32(F_ALLOCATEALL)
+                r = fcntl(fd.rawValue, F_PREALLOCATE, &store)
+            }
+            if r == -1 && errno == ENOSPC { throw .fileSystem(path.string, Errno.noSpace) }
+        }
         #endif
         if try size() < length { try truncate(to: length) }
     }

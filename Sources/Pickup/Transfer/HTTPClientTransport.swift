@@ -70,7 +70,13 @@ public final class HTTPClientTransport: Transport {
         config.http1_1ConnectionDebugInitializer = { channel in
             channel.setOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
         }
-        client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: config)
+        // NIO's POSIX event loops on every platform, not `.singleton`, which on Apple platforms is a
+        // Network.framework group: its channels do not support `ChannelOptions.recvAllocator`
+        // (setting it ends in fatalError) and hand reads over in their own sizes. With a POSIX group
+        // AsyncHTTPClient takes its ClientBootstrap + NIOSSL path everywhere (certificates verified
+        // against the system's roots: SecTrust on Apple platforms), and the read budget works the
+        // same on every platform. See ARCHITECTURE.md, "Platforms".
+        client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: config)
         loops = Array(client.eventLoopGroup.makeIterator())
         headTimeout = .milliseconds(Int64(options.headTimeout * 1000))
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]

@@ -1,0 +1,78 @@
+import Foundation
+import Observation
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// What an app embedding the manager relies on: background and foreground, a UI model, waiting
+/// for one download.
+@Suite(.timeLimit(.minutes(1))) struct AppLifeTests {
+    /// Going to the background stops every transfer after a checkpoint and starts nothing; coming
+    /// back resumes them from where they were.
+    @Test func suspendStopsEveryTransferAndStartResumesThem() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(2, size: 600_000, rate: 400_000)
+        let m = try f.manager(limit: 2)
+        var ids: [DownloadID] = []
+        for i in bodies.indices { ids.append(try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path))) }
+        let all = ids
+        await m.waitUntil { v in all.allSatisfy { (v[$0]?.progress.bytesDone ?? 0) > 100_000 } }
+        await m.suspend()
+        let suspended = await m.downloads()
+        #expect(suspended.allSatisfy { $0.state == .waiting })
+        let requests = bodies.indices.map { f.server.requests("/f/\($0).bin").count }
+        await m.start()
+        await m.waitUntilAll(.completed)
+        for (i, body) in bodies.enumerated() {
+            #expect(f.dir.read("\(i).bin") == body)
+            // The first request after coming back asks for the rest, with the validator.
+            let again = f.server.requests("/f/\(i).bin")[requests[i]]
+            #expect(again.headers["range"]?.hasPrefix("bytes=0-") == false, "\(again.headers)")
+            #expect(again.headers["if-range"] == "\"v1\"")
+        }
+        await m.shutdown()
+        await f.close()
+    }
+
+    @Test func outcomeWaitsForTheEndOfOneDownload() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(1, size: 50_000)
+        let m = try f.manager()
+        let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        let done = await m.outcome(of: id)
+        #expect(done?.state == .completed)
+        #expect(done?.path.flatMap { FileManager.default.contents(atPath: $0.string) }.map(Array.init) == bodies[0])
+        let missing = try await m.add(f.server.url("/none"), to: .directory(f.dir.path))
+        #expect(await m.outcome(of: missing)?.state == .failed)
+        await m.shutdown()
+        await f.close()
+    }
+
+    @MainActor @Test func theObservableListFollowsTheManager() async throws {
+        let f = try await ManagerFixture()
+        _ = f.serveFiles(3, size: 100_000)
+        let m = try f.manager()
+        let list = DownloadList(manager: m)
+        for i in 0..<3 { _ = try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path)) }
+        await until(list) { list.downloads.count == 3 && list.downloads.allSatisfy { $0.state == .completed } }
+        #expect(list.downloads.map(\.progress.bytesDone) == [100_000, 100_000, 100_000])
+        #expect(list.totals?.fraction == 1)
+        let first = list.downloads[0].id
+        try await m.remove(first)
+        await until(list) { list[first] == nil }
+        #expect(list.downloads.count == 2)
+        await m.shutdown()
+        await f.close()
+    }
+}
+
+/// Waits (without a clock) until `condition` holds for `list`, re-checking at each change of it.
+@MainActor func until(_ list: DownloadList, _ condition: @MainActor () -> Bool) async {
+    while !condition() {
+        await withCheckedContinuation { (resume: CheckedContinuation<Void, Never>) in
+            withObservationTracking { _ = condition() } onChange: { resume.resume() }
+        }
+    }
+}
