@@ -1,0 +1,42 @@
+// The README's library examples, as a program: `consumer URL DIR` downloads URL into DIR with a
+// Downloader, then again through a DownloadManager, and prints what each saved.
+import Pickup
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+let arguments = CommandLine.arguments
+guard arguments.count == 3 else {
+    print("usage: consumer URL DIR")
+    exit(2)
+}
+let url = arguments[1], dir = FilePath(arguments[2])
+
+// One file.
+let downloader = Downloader()
+let result = try await downloader.download(
+    DownloadRequest(url: url, destination: .directory(dir))
+) { event in
+    switch event {
+    case .progress(let p): _ = (p.bytesDone, p.totalBytes, p.bytesPerSecond, p.secondsLeft)
+    case .notice(let text): print(text)
+    }
+}
+print("saved", result.path, result.size)
+await downloader.shutdown()
+
+// Many files: a manager that survives restarts.
+var config = DownloadManager.Configuration(stateDirectory: dir.appending(".state"))
+config.maxConcurrentDownloads = 3
+let manager = try DownloadManager(configuration: config)
+let id = try await manager.add(url, to: .file(dir.appending("copy.bin")))
+guard let info = await manager.outcome(of: id), info.state == .completed, let path = info.path else {
+    print("the managed download did not complete")
+    exit(1)
+}
+print("managed", path, info.progress.bytesDone)
+await manager.shutdown()
+
