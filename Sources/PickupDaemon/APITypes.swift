@@ -25,10 +25,13 @@ public struct APIDownload: Codable, Sendable, Equatable {
     public var checksum: String?
     public var addedAt: Double
     public var finishedAt: Double?
+    /// The names of the header fields it sends (never their values).
+    public var headers: [String]?
 
     init(_ info: DownloadInfo, root: FilePath) {
         id = info.id.rawValue
         url = DownloadURL.redacted(info.url)
+        headers = info.options.headers.isEmpty ? nil : info.options.headers.map(\.name)
         switch (info.path, info.destination) {
         case (let path?, _): name = Confinement.relative(path, to: root)
         case (nil, .file(let path)): name = Confinement.relative(path, to: root)
@@ -148,13 +151,17 @@ public struct APIAddRequest: Codable, Sendable {
     public var speedLimit: Int64?
     /// Add it paused.
     public var paused: Bool?
+    /// Header fields to send with every request (name to value); `Authorization` and `Cookie`
+    /// only to the URL's own origin. Listings show the names only.
+    public var headers: [String: String]?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case url, name, priority, checksum, connections, speedLimit, paused
+        case url, name, priority, checksum, connections, speedLimit, paused, headers
     }
 
     public init(url: String, name: String? = nil, priority: Int? = nil, checksum: String? = nil,
-                connections: Int? = nil, speedLimit: Int64? = nil, paused: Bool? = nil) {
+                connections: Int? = nil, speedLimit: Int64? = nil, paused: Bool? = nil, headers: [String: String]? = nil) {
+        self.headers = headers
         self.url = url
         self.name = name
         self.priority = priority
@@ -174,6 +181,7 @@ public struct APIAddRequest: Codable, Sendable {
         connections = try c.decodeIfPresent(Int.self, forKey: .connections)
         speedLimit = try c.decodeIfPresent(Int64.self, forKey: .speedLimit)
         paused = try c.decodeIfPresent(Bool.self, forKey: .paused)
+        headers = try c.decodeIfPresent([String: String].self, forKey: .headers)
     }
 }
 
@@ -231,6 +239,14 @@ extension APIDownload {
     func write(to w: inout JSONWriter) {
         w.raw(#"{"id":"#); w.number(id)
         w.raw(#","url":"#); w.string(url)
+        if let headers {
+            w.raw(#","headers":["#)
+            for (i, h) in headers.enumerated() {
+                if i > 0 { w.raw(",") }
+                w.string(h)
+            }
+            w.raw("]")
+        }
         if let name { w.raw(#","name":"#); w.string(name) }
         w.raw(#","state":"#); w.string(state)
         w.raw(#","priority":"#); w.number(priority)

@@ -68,8 +68,15 @@ struct Routes {
         if let limit = body.speedLimit, limit < RateLimiter.minimum {
             throw APIError.badRequest("speedLimit must be at least \(RateLimiter.minimum) bytes per second")
         }
+        var options = RequestOptions()
+        do throws(PickupError) {
+            options.headers = try (body.headers ?? [:]).sorted { $0.key < $1.key }.map { k, v throws(PickupError) in try RequestHeader(name: k, value: v) }
+        } catch {
+            throw APIError.badRequest("headers: \(error.description)")
+        }
         let item = NewDownload(url: body.url, to: destination, priority: body.priority ?? 0, checksum: checksum,
-                               speedLimit: body.speedLimit, paused: body.paused ?? false, connections: body.connections)
+                               speedLimit: body.speedLimit, paused: body.paused ?? false, connections: body.connections,
+                               options: options)
         let id: DownloadID
         do throws(PickupError) { id = try await manager.add([item])[0] } catch { throw APIError(error) }
         guard let info = await manager.download(id) else { throw APIError.notFound("the download was removed meanwhile") }

@@ -41,12 +41,15 @@ struct Batch {
         let ids: [DownloadID]
         do {
             manager = try DownloadManager(configuration: config)
-            ids = try await manager.add(list.entries.map { e in
-                NewDownload(url: e.url, to: e.name.map { .file(outDir.appending($0)) } ?? .directory(outDir),
-                            overwrite: get.overwrite)
+            ids = try await manager.add(try list.entries.map { e in
+                var options = try get.http.options(for: e.url)
+                options.headers += e.headers
+                return NewDownload(url: e.url, to: e.name.map { .file(outDir.appending($0)) } ?? .directory(outDir),
+                                   checksum: e.checksum, overwrite: get.overwrite, options: options)
             })
         } catch {
-            throw fail("\(error)", Get.code(for: error))
+            if let e = error as? PickupError { throw fail("\(e)", Get.code(for: e)) }
+            throw fail("\(error)", Exit.usage)
         }
         let wanted = Set(ids)
         // What the list no longer names is forgotten (its partial bytes stay); what was paused goes on.

@@ -54,6 +54,8 @@ struct Get: AsyncParsableCommand {
 
     @OptionGroup var engine: EngineFlags
 
+    @OptionGroup(title: "Headers, credentials and cookies") var http: RequestFlags
+
     func validate() throws {
         if output != nil && dir != nil { throw ValidationError("use either -o or -d, not both") }
         if (url == nil) == (inputFile == nil) { throw ValidationError("give either a URL or -i FILE") }
@@ -80,7 +82,8 @@ struct Get: AsyncParsableCommand {
         let request = DownloadRequest(
             url: url, destination: destination, checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)),
             overwrite: overwrite, restart: restart,
-            limiters: limitRate.flatMap(Self.rate).map { [RateLimiter(bytesPerSecond: $0)] } ?? [])
+            limiters: limitRate.flatMap(Self.rate).map { [RateLimiter(bytesPerSecond: $0)] } ?? [],
+            options: try http.options(for: url))
         let (options, transport) = engine.settings()
         let downloader = Downloader(options: options, transport: transport)
         let display = ProgressDisplay(quiet: quiet)

@@ -25,7 +25,7 @@ import TestServer
         ("ftp://h/a", "input line 1: not an http or https URL: ftp://h/a"),
         ("http://h/a out=../x", "input line 1: out=../x is not a plain file name"),
         ("http://h/a out=d/x", "input line 1: out=d/x is not a plain file name"),
-        ("http://h/a dir=/tmp", "input line 1: unknown option dir=/tmp (only out=NAME is understood)"),
+        ("http://h/a dir=/tmp", "input line 1: unknown option dir (out, header, checksum, user-agent, referer)"),
         ("  out=x", "input line 1: an option line before any URL"),
     ])
     func refusesWhatWouldGoWrongNamingTheLine(text: String, message: String) {

@@ -70,7 +70,11 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     /// Bodies of redirects and errors are read and dropped, up to this many bytes.
     static let maxDiscard = 1 << 20
 
-    init(download: FileDownload, context: RequestContext, file: PartialFile, cursor: SegmentCursor) {
+    /// The URL requested (for the cookies its response sets).
+    let url: String
+
+    init(download: FileDownload, context: RequestContext, file: PartialFile, cursor: SegmentCursor, url: String) {
+        self.url = url
         self.download = download
         self.context = context
         self.file = file
@@ -84,6 +88,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     }
 
     func receiveHead(_ head: ResponseHead) throws {
+        download.keepCookies(from: head, url: url)
         let d = ResponseDecision.decide(head, context: context, now: Clock.wallSeconds())
         decision = d
         if d == .notModified, head.status != 304 { throw StopReading() }

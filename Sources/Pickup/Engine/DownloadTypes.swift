@@ -31,13 +31,18 @@ public struct DownloadRequest: Sendable {
     /// followed: the target's directory is opened one component at a time from here, at every
     /// run (the daemon's download root).
     public var root: FilePath?
+    /// Header fields and cookies to send (``RequestOptions``); credentials in the URL are sent as
+    /// `Authorization: Basic` unless a header gives one.
+    public var options: RequestOptions
 
     /// A request.
     public init(
         url: String, destination: Destination, checksum: ExpectedDigest? = nil, overwrite: Bool = false,
-        restart: Bool = false, limiters: [RateLimiter] = [], connections: Int? = nil, root: FilePath? = nil
+        restart: Bool = false, limiters: [RateLimiter] = [], connections: Int? = nil, root: FilePath? = nil,
+        options: RequestOptions = RequestOptions()
     ) {
         self.root = root
+        self.options = options
         self.connections = connections
         self.url = url
         self.destination = destination

@@ -238,8 +238,8 @@ extension FileDownload {
                                          totalLength: offset > 0 ? total : nil,
                                          finished: conditional.flatMap { c in c.1.validators.map { ($0, c.1.length) } })
             let headers = Self.requestHeaders(offset: offset, end: end, validators: validators,
-                                              conditional: conditional?.1.validators)
-            let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor)
+                                              conditional: conditional?.1.validators) + userFields(for: url)
+            let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url)
             var failure: String? = nil
             var retryAfter: Int64? = nil
             do {

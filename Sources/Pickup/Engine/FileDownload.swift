@@ -55,6 +55,10 @@ final class FileDownload: @unchecked Sendable {
     var lastSeen: [Int: (position: Int64, since: Double)] = [:]
     /// Seconds from sending the latest request to its response head: what a new request costs.
     var latency: Double?
+    /// The user's header fields (with the URL's credentials as `Authorization`), for every request.
+    let userHeaders: [RequestHeader]
+    /// Cookies: the user's, and those servers set along the way (this run only).
+    var jar: [Cookie]
     /// Whether a control file of this download is on disk (loaded, or written by this run).
     var controlOnDisk = false
     /// Whether the record changed since it was last written.
@@ -80,6 +84,11 @@ final class FileDownload: @unchecked Sendable {
         self.partialName = partialName
         self.controlName = controlName
         dir = try DirectoryHandle.open(directory, under: request.root, create: true)
+        var headers = request.options.headers
+        if !headers.contains(where: { $0.name.lowercased() == "authorization" }),
+            let basic = RequestOptions.credentials(in: request.url) { headers.append(basic) }
+        userHeaders = headers
+        jar = request.options.cookies
         record = ControlRecord(url: request.url, target: nil, validators: nil, totalLength: nil,
                                segments: [SegmentRecord(start: 0, end: nil, done: 0)])
         resolvedURL = request.url
@@ -255,6 +264,29 @@ final class FileDownload: @unchecked Sendable {
     /// interval, as any kill does). Called with `lock` held.
     func saveRecordSoon() throws {
         if controlOnDisk || (record.totalLength ?? .max) > Self.smallFile { try saveRecord() } else { controlDirty = true }
+    }
+
+    /// The user's fields and the matching cookies for a request to `url` (secrets only to the
+    /// origin of the URL the user gave).
+    func userFields(for url: String) -> [(name: String, value: String)] {
+        lock.withLock {
+            RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: jar, now: Clock.wallSeconds())
+        }
+    }
+
+    /// Keeps the cookies a response to `url` sets, for the rest of this run (along a redirect chain).
+    /// Called on the transport thread with the head.
+    func keepCookies(from head: ResponseHead, url: String) {
+        let fields = head.headers.filter { $0.name.caseInsensitiveEquals("Set-Cookie") }
+        guard !fields.isEmpty, let u = URL(string: url) else { return }
+        let now = Clock.wallSeconds()
+        lock.withLock {
+            for field in fields {
+                guard let c = Cookie.parseSetCookie(field.value, from: u, now: now) else { continue }
+                jar.removeAll { $0.name == c.name && $0.domain == c.domain && $0.path == c.path }
+                if (c.expires ?? .max) > now { jar.append(c) }
+            }
+        }
     }
 
     // MARK: - Checkpoints and progress

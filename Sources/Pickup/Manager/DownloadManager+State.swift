@@ -143,7 +143,7 @@ extension DownloadManager {
     /// The engine's request for a download.
     static func request(for info: DownloadInfo, root: FilePath?) -> DownloadRequest {
         DownloadRequest(url: info.url, destination: info.destination, checksum: info.checksum, overwrite: info.overwrite,
-                        connections: info.connections, root: root)
+                        connections: info.connections, root: root, options: info.options)
     }
 
     /// A destination with an absolute path, so that it means the same after a restart elsewhere.

@@ -250,7 +250,7 @@ public actor DownloadManager {
                 state: item.paused ? .paused : .waiting, priority: item.priority,
                 progress: DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0), path: nil, failure: nil,
                 speedLimit: item.speedLimit, checksum: item.checksum, overwrite: item.overwrite,
-                connections: item.connections, addedAt: now, finishedAt: nil)
+                connections: item.connections, addedAt: now, finishedAt: nil, options: item.options)
             fresh.append((i, DownloadRow(info: info, place: place)))
             place += 1
         }

@@ -8,7 +8,9 @@
 ///   out=from-the-next-line.iso
 /// ```
 ///
-/// `out=NAME` names the file in the download directory; it may not leave that directory.
+/// `out=NAME` names the file in the download directory; it may not leave that directory. Indented
+/// lines below a URL hold one option each, the whole line its value (aria2's form): `out=`,
+/// `header=Name: value` (repeatable), `checksum=sha-256=HEX`, `user-agent=`, `referer=`.
 public struct InputList: Sendable, Equatable {
     /// One URL and its optional file name.
     public struct Entry: Sendable, Equatable {
@@ -16,6 +18,10 @@ public struct InputList: Sendable, Equatable {
         public var name: String?
         /// The line the URL is on (from 1), for messages.
         public var line: Int
+        /// Header fields for this URL (`header=`, `user-agent=`, `referer=`).
+        public var headers: [RequestHeader] = []
+        /// The digest the file must have (`checksum=`).
+        public var checksum: ExpectedDigest?
     }
 
     /// The entries in file order, each URL once (a repeated URL keeps its first line).
@@ -35,7 +41,7 @@ public struct InputList: Sendable, Equatable {
             if indented {
                 // aria2's option lines belong to the URL above.
                 guard !entries.isEmpty else { throw .invalidInput("input line \(n): an option line before any URL") }
-                for w in words { try Self.apply(w, to: &entries[entries.count - 1], line: n) }
+                try Self.apply(line, to: &entries[entries.count - 1], line: n)
                 continue
             }
             var entry = Entry(url: words[0], name: nil, line: n)
@@ -45,11 +51,30 @@ public struct InputList: Sendable, Equatable {
         }
     }
 
-    static func apply(_ word: String, to entry: inout Entry, line: Int) throws(PickupError) {
-        guard word.hasPrefix("out=") else {
-            throw .invalidInput("input line \(line): unknown option \(word) (only out=NAME is understood)")
+    static func apply(_ option: String, to entry: inout Entry, line: Int) throws(PickupError) {
+        guard let eq = option.firstIndex(of: "=") else {
+            throw .invalidInput("input line \(line): expected KEY=VALUE, not \(option)")
         }
-        let name = String(word.dropFirst(4))
+        let value = String(option[option.index(after: eq)...])
+        do throws(PickupError) {
+            switch option[..<eq] {
+            case "out": break
+            case "header": entry.headers.append(try RequestHeader(line: value)); return
+            case "user-agent": entry.headers.append(try RequestHeader(name: "User-Agent", value: value)); return
+            case "referer": entry.headers.append(try RequestHeader(name: "Referer", value: value)); return
+            case "checksum":
+                guard let digest = ExpectedDigest(checksumArgument: value) else {
+                    throw PickupError.invalidInput("checksum=\(value) is not ALGO=HEX")
+                }
+                entry.checksum = digest
+                return
+            default:
+                throw PickupError.invalidInput("unknown option \(option[..<eq]) (out, header, checksum, user-agent, referer)")
+            }
+        } catch {
+            throw .invalidInput("input line \(line): \(error.description)")
+        }
+        let name = value
         guard SafeFileName.sanitize(name) == name, !name.contains("/"), name != ".", name != ".." else {
             throw .invalidInput("input line \(line): out=\(name) is not a plain file name")
         }

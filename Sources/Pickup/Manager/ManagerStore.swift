@@ -26,6 +26,8 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
     var failureReason: String?
     var addedAt: Double
     var finishedAt: Double?
+    /// ``RequestOptions`` as JSON (nil when there are none).
+    var request: String?
 
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
@@ -54,6 +56,7 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
         failureReason = info.failure?.reason
         addedAt = info.addedAt.timeIntervalSince1970
         finishedAt = info.finishedAt?.timeIntervalSince1970
+        request = info.options.isEmpty ? nil : (try? JSONEncoder().encode(info.options)).map { String(decoding: $0, as: UTF8.self) }
     }
 
     var info: DownloadInfo {
@@ -69,7 +72,8 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
             path: finalPath.map { FilePath($0) }, failure: failure, speedLimit: speedLimit,
             checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)), overwrite: overwrite,
             connections: connections,
-            addedAt: Date(timeIntervalSince1970: addedAt), finishedAt: finishedAt.map(Date.init(timeIntervalSince1970:)))
+            addedAt: Date(timeIntervalSince1970: addedAt), finishedAt: finishedAt.map(Date.init(timeIntervalSince1970:)),
+            options: request.flatMap { try? JSONDecoder().decode(RequestOptions.self, from: Data($0.utf8)) } ?? RequestOptions())
     }
 }
 
@@ -92,7 +96,10 @@ final class ManagerStore: Sendable {
             try db.execute(sql: "PRAGMA journal_mode = WAL")
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
         }
-        db = try DatabaseQueue(path: directory.appending("manager.sqlite").string, configuration: config)
+        let path = directory.appending("manager.sqlite").string
+        db = try DatabaseQueue(path: path, configuration: config)
+        // It may hold request headers and cookies: the owner's alone.
+        for file in [path, path + "-wal", path + "-journal"] { _ = chmod(file, 0o600) }
         try Self.migrator.migrate(db)
     }
 
@@ -123,6 +130,9 @@ final class ManagerStore: Sendable {
         }
         m.registerMigration("v2: per-download connections") { db in
             try db.alter(table: "download") { t in t.add(column: "connections", .integer) }
+        }
+        m.registerMigration("v3: request headers and cookies") { db in
+            try db.alter(table: "download") { t in t.add(column: "request", .text) }
         }
         return m
     }

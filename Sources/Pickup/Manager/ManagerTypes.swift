@@ -87,6 +87,9 @@ public struct DownloadInfo: Sendable, Equatable, Identifiable {
     public var addedAt: Date
     /// When it completed or failed.
     public var finishedAt: Date?
+    /// Header fields and cookies it sends (kept in the manager's database, readable by the owner
+    /// only; show ``RequestOptions/redacted``, never the values of secrets).
+    public var options = RequestOptions()
 }
 
 /// Sums over every download of a manager.
@@ -180,10 +183,14 @@ public struct NewDownload: Sendable {
     public var paused: Bool
     /// Connections for this download, 1 to 32 (nil: the engine's setting).
     public var connections: Int?
+    /// Header fields and cookies to send (kept across restarts).
+    public var options: RequestOptions
 
     /// A download to add.
     public init(url: String, to destination: Destination, priority: Int = 0, checksum: ExpectedDigest? = nil,
-                overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false, connections: Int? = nil) {
+                overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false, connections: Int? = nil,
+                options: RequestOptions = RequestOptions()) {
+        self.options = options
         self.connections = connections
         self.url = url
         self.destination = destination

@@ -44,6 +44,8 @@ public enum StateDirectory {
     public static func prepare(_ directory: FilePath) throws(PickupError) {
         let existed = FS.isDirectory(directory)
         try FS.makeDirectories(directory)
+        // Credentials of queued downloads may be kept in it: the owner's alone.
+        if !existed { _ = chmod(directory.string, 0o700) }
         #if canImport(Darwin)
         if !existed {
             var url = URL(fileURLWithPath: directory.string, isDirectory: true)

@@ -84,7 +84,10 @@ public final class HTTPClientTransport: Transport {
 
     public func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
         var headers = defaultHeaders
-        for (name, value) in request.headers { headers.replaceOrAdd(name: name, value: value) }
+        for (name, value) in request.headers {
+            // The user's User-Agent or Accept replaces ours; any other field is added as given.
+            if defaultHeaders.contains(name: name) { headers.replaceOrAdd(name: name, value: value) } else { headers.add(name: name, value: value) }
+        }
         let req: HTTPClient.Request
         do {
             // Checked first: AsyncHTTPClient traps on some URLs it parses (a port out of range).

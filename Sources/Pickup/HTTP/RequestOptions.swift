@@ -1,0 +1,222 @@
+import Foundation
+
+/// A header field the user adds to every request of a download.
+public struct RequestHeader: Sendable, Codable, Equatable {
+    /// The field name, e.g. `X-Token`.
+    public var name: String
+    /// The field value.
+    public var value: String
+
+    /// A header, checked: a token name, a value without CR, LF or NUL, and none of the fields
+    /// Pickup sets itself (`Range`, `If-Range`, `Accept-Encoding`, ...).
+    /// - Throws: ``PickupError/invalidInput(_:)``.
+    public init(name: String, value: String) throws(PickupError) {
+        let tchar = Set("!#$%&'*+-.^_`|~".utf8)
+        guard !name.isEmpty, name.utf8.count <= 256,
+            name.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 | 0x20 >= 0x61 && $0 | 0x20 <= 0x7A) || tchar.contains($0) })
+        else { throw .invalidInput("'\(name.prefix(40))' is not a header field name") }
+        guard value.utf8.count <= 16384, !value.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0 }) else {
+            throw .invalidInput("the value of \(name) has a line break or NUL, or is too long")
+        }
+        if Self.reserved.contains(name.lowercased()) {
+            throw .invalidInput("\(name) is set by pickup itself and cannot be given")
+        }
+        self.name = name
+        self.value = value.trimmingCharacters(in: .whitespaces)
+    }
+
+    /// Parses `Name: value` (curl's `-H`).
+    /// - Throws: ``PickupError/invalidInput(_:)``.
+    public init(line: String) throws(PickupError) {
+        guard let colon = line.firstIndex(of: ":") else { throw .invalidInput("a header must be 'Name: value'") }
+        try self.init(name: String(line[..<colon]).trimmingCharacters(in: .whitespaces),
+                      value: String(line[line.index(after: colon)...]))
+    }
+
+    /// Fields Pickup sets (byte ranges, conditionals, framing): a user's value would break them.
+    static let reserved: Set<String> = [
+        "range", "if-range", "if-none-match", "if-modified-since", "accept-encoding", "host", "content-length",
+        "transfer-encoding", "connection", "te", "upgrade", "expect",
+    ]
+
+    /// Whether the field carries a secret: sent only to the origin it was given for, never shown.
+    public var isSecret: Bool { Self.secret.contains(name.lowercased()) }
+    static let secret: Set<String> = ["authorization", "proxy-authorization", "cookie"]
+
+    /// `Authorization: Basic` for `user:password`.
+    public static func basic(user: String, password: String) -> RequestHeader {
+        // Built directly: the name is fixed and base64 has no forbidden bytes.
+        RequestHeader(unchecked: "Authorization", "Basic " + Data("\(user):\(password)".utf8).base64EncodedString())
+    }
+
+    init(unchecked name: String, _ value: String) {
+        self.name = name
+        self.value = value
+    }
+}
+
+/// A cookie (RFC 6265), from `-b`, a cookies.txt file, or a `Set-Cookie` along a redirect chain.
+public struct Cookie: Sendable, Codable, Equatable {
+    public var name: String
+    public var value: String
+    /// The domain, lower-cased, without a leading dot.
+    public var domain: String
+    /// Sent to that host only (no `Domain` attribute), else to its subdomains too.
+    public var hostOnly: Bool
+    public var path: String
+    public var secure: Bool
+    /// Seconds since the epoch; nil for a session cookie.
+    public var expires: Int64?
+
+    /// A cookie.
+    public init(name: String, value: String, domain: String, hostOnly: Bool, path: String = "/", secure: Bool = false,
+                expires: Int64? = nil) {
+        self.name = name
+        self.value = value
+        self.domain = domain.lowercased().drop(while: { $0 == "." }).description
+        self.hostOnly = hostOnly
+        self.path = path.isEmpty ? "/" : path
+        self.secure = secure
+        self.expires = expires
+    }
+
+    /// Whether it goes with a request to `url` at `now` (domain, path, secure flag, expiry).
+    public func matches(_ url: URL, now: Int64) -> Bool {
+        guard let host = url.host?.lowercased() else { return false }
+        if let expires, expires <= now { return false }
+        if secure, url.scheme?.lowercased() != "https" { return false }
+        let domainOK = hostOnly ? host == domain : (host == domain || host.hasSuffix("." + domain))
+        guard domainOK else { return false }
+        let path = url.path.isEmpty ? "/" : url.path
+        return path == self.path || (path.hasPrefix(self.path) && (self.path.hasSuffix("/") || path.dropFirst(self.path.count).first == "/"))
+    }
+
+    /// `a=b; c=d` (curl's `-b`), for `host`.
+    public static func parseHeader(_ text: String, host: String) -> [Cookie] {
+        text.split(separator: ";").compactMap { pair in
+            guard let eq = pair.firstIndex(of: "=") else { return nil }
+            let name = pair[..<eq].trimmingCharacters(in: .whitespaces)
+            guard !name.isEmpty else { return nil }
+            return Cookie(name: name, value: pair[pair.index(after: eq)...].trimmingCharacters(in: .whitespaces),
+                          domain: host, hostOnly: true)
+        }
+    }
+
+    /// The Netscape cookies.txt format that browsers' extensions export (and curl and wget read):
+    /// `domain, include-subdomains, path, secure, expiry, name, value` separated by tabs; `#`
+    /// comments, and `#HttpOnly_` before the domain of an HttpOnly cookie.
+    /// - Throws: ``PickupError/invalidInput(_:)`` naming the first malformed line.
+    public static func parseNetscape(_ text: String) throws(PickupError) -> [Cookie] {
+        var cookies: [Cookie] = []
+        for (n, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            var line = Substring(raw.hasSuffix("\r") ? raw.dropLast() : raw)
+            if line.hasPrefix("#HttpOnly_") { line = line.dropFirst("#HttpOnly_".count) }
+            if line.isEmpty || line.hasPrefix("#") { continue }
+            let f = line.split(separator: "\t", omittingEmptySubsequences: false)
+            guard f.count >= 7, let expiry = Int64(f[4]) else {
+                throw .invalidInput("cookies file line \(n + 1): expected 7 tab-separated fields")
+            }
+            cookies.append(Cookie(name: String(f[5]), value: String(f[6...].joined(separator: "\t")), domain: String(f[0]),
+                                  hostOnly: f[1].uppercased() != "TRUE", path: String(f[2]),
+                                  secure: f[3].uppercased() == "TRUE", expires: expiry == 0 ? nil : expiry))
+        }
+        return cookies
+    }
+
+    /// A `Set-Cookie` field from a response to `url` (RFC 6265 §5.2: `Domain`, `Path`, `Secure`,
+    /// `Max-Age`, `Expires`); nil when malformed or for a domain `url` may not set.
+    public static func parseSetCookie(_ field: String, from url: URL, now: Int64) -> Cookie? {
+        guard let host = url.host?.lowercased() else { return nil }
+        var parts = field.split(separator: ";").makeIterator()
+        guard let first = parts.next(), let eq = first.firstIndex(of: "=") else { return nil }
+        let name = first[..<eq].trimmingCharacters(in: .whitespaces)
+        guard !name.isEmpty else { return nil }
+        var cookie = Cookie(name: name, value: first[first.index(after: eq)...].trimmingCharacters(in: .whitespaces),
+                            domain: host, hostOnly: true)
+        var dir = url.path
+        if let slash = dir.lastIndex(of: "/"), slash != dir.startIndex { dir = String(dir[..<slash]) } else { dir = "/" }
+        cookie.path = dir
+        while let attribute = parts.next() {
+            let kv = attribute.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
+            switch kv[0].lowercased() {
+            case "domain" where kv.count == 2 && !kv[1].isEmpty:
+                let d = kv[1].lowercased().drop(while: { $0 == "." }).description
+                guard host == d || host.hasSuffix("." + d), d.contains(".") else { return nil }
+                cookie.domain = d
+                cookie.hostOnly = false
+            case "path" where kv.count == 2 && kv[1].hasPrefix("/"):
+                cookie.path = kv[1]
+            case "secure":
+                cookie.secure = true
+            case "max-age" where kv.count == 2:
+                if let s = Int64(kv[1]) { cookie.expires = s <= 0 ? 0 : now.addingReportingOverflow(s).partialValue }
+            case "expires" where kv.count == 2 && cookie.expires == nil:
+                cookie.expires = HTTPDate.parse(kv[1])
+            default:
+                break
+            }
+        }
+        return cookie
+    }
+}
+
+/// What a download sends beyond Pickup's own fields: the user's headers (`-H`, `-A`, `--referer`,
+/// `-u` as `Authorization`) and cookies (`-b`, `--load-cookies`). Headers that carry secrets
+/// (`Authorization`, `Proxy-Authorization`, `Cookie`) go only to the origin (scheme, host, port) of
+/// the URL the user gave: a redirect elsewhere drops them (curl's CVE-2018-1000007, CVE-2022-27776).
+public struct RequestOptions: Sendable, Codable, Equatable {
+    /// Header fields, in order.
+    public var headers: [RequestHeader]
+    /// Cookies, sent where they match.
+    public var cookies: [Cookie]
+
+    /// Options.
+    public init(headers: [RequestHeader] = [], cookies: [Cookie] = []) {
+        self.headers = headers
+        self.cookies = cookies
+    }
+
+    /// Whether there is nothing to send.
+    public var isEmpty: Bool { headers.isEmpty && cookies.isEmpty }
+
+    /// Header names, each secret value replaced by `***`: what listings and the API show.
+    public var redacted: [RequestHeader] {
+        headers.map { RequestHeader(unchecked: $0.name, $0.isSecret ? "***" : $0.value) }
+    }
+
+    /// The fields for a request to `url`: every header when `url` has the origin of `original`,
+    /// else the ones without secrets; then the cookies of `jar` that match `url`.
+    static func fields(for url: String, original: String, headers: [RequestHeader], jar: [Cookie], now: Int64)
+        -> [(name: String, value: String)]
+    {
+        guard let target = URL(string: url) else { return [] }
+        let sameOrigin = Origin(url) == Origin(original)
+        var out: [(name: String, value: String)] = []
+        for h in headers where sameOrigin || !h.isSecret { out.append((h.name, h.value)) }
+        let matching = jar.filter { $0.matches(target, now: now) }
+        if !matching.isEmpty {
+            out.append(("Cookie", matching.map { "\($0.name)=\($0.value)" }.joined(separator: "; ")))
+        }
+        return out
+    }
+
+    /// The credentials of a URL's user information (`http://user:password@host/`), as Basic.
+    public static func credentials(in url: String) -> RequestHeader? {
+        guard let u = URL(string: url), let user = u.user(percentEncoded: false), !user.isEmpty else { return nil }
+        return .basic(user: user, password: u.password(percentEncoded: false) ?? "")
+    }
+}
+
+/// Scheme, host and port: what a secret is bound to.
+struct Origin: Equatable {
+    let scheme: String
+    let host: String
+    let port: Int
+
+    init?(_ url: String) {
+        guard let u = URL(string: url), let scheme = u.scheme?.lowercased(), let host = u.host?.lowercased() else { return nil }
+        self.scheme = scheme
+        self.host = host
+        port = u.port ?? (scheme == "https" ? 443 : 80)
+    }
+}
