@@ -20,12 +20,15 @@ public final class Nginx: @unchecked Sendable {
     public var baseURL: String { "http://127.0.0.1:\(port)" }
 
     /// Starts nginx serving `root`, or throws when nginx is missing or does not come up.
-    public init(root: String, limitRate: String = "2m") throws {
+    /// `locations` is added to the server block as it is (extra `location` blocks); `$WORK` in it is
+    /// nginx's own work directory, where `files` are written first (name to contents).
+    public init(root: String, limitRate: String = "2m", locations: String = "", files: [String: String] = [:]) throws {
         guard let binary = Nginx.binary else { throw NSError(domain: "nginx not installed", code: 1) }
         self.root = root
         work = NSTemporaryDirectory() + "pickup-nginx-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
         port = try Nginx.freePort()
+        for (name, contents) in files { try contents.write(toFile: work + "/" + name, atomically: true, encoding: .utf8) }
         let user = getuid() == 0 ? "user root;" : ""
         let conf = """
             \(user)
@@ -47,6 +50,7 @@ public final class Nginx: @unchecked Sendable {
                     listen 127.0.0.1:\(port);
                     root \(root);
                     location /slow/ { alias \(root)/; limit_rate \(limitRate); }
+                    \(locations.replacingOccurrences(of: "$WORK", with: work))
                 }
             }
             """

@@ -215,14 +215,15 @@ public actor DownloadManager {
     /// - Throws: ``PickupError/invalidInput(_:)`` for a URL that is not http(s) or an unusable destination.
     @discardableResult
     public func add(_ url: String, to destination: Destination, priority: Int = 0, checksum: ExpectedDigest? = nil,
-                    overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false) throws(PickupError) -> DownloadID
+                    overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false,
+                    options: RequestOptions = RequestOptions()) throws(PickupError) -> DownloadID
     {
         try add([NewDownload(url: url, to: destination, priority: priority, checksum: checksum, overwrite: overwrite,
-                             speedLimit: speedLimit, paused: paused)])[0]
+                             speedLimit: speedLimit, paused: paused, options: options)])[0]
     }
 
     /// Adds many downloads in one database transaction (the fast way to queue thousands); returns
-    /// their ids in the same order. Duplicates are handled as in ``add(_:to:priority:checksum:overwrite:speedLimit:paused:)``.
+    /// their ids in the same order. Duplicates are handled as in ``add(_:to:priority:checksum:overwrite:speedLimit:paused:options:)``.
     public func add(_ items: [NewDownload]) throws(PickupError) -> [DownloadID] {
         try checkOpen()
         var ids = [DownloadID?](repeating: nil, count: items.count)
