@@ -161,6 +161,16 @@ struct EngineFlags: ParsableArguments {
     @Option(help: ArgumentHelp("Attempts in a row without progress before giving up.", valueName: "n"))
     var retries: Int = 6
 
+    @Option(help: ArgumentHelp(
+        "Send requests through this proxy: http://[user:password@]host:port (CONNECT for https), socks5:// or socks5h://. "
+            + "Without it, http_proxy, https_proxy, all_proxy and no_proxy apply; \"\" turns proxies off.",
+        valueName: "url"))
+    var proxy: String?
+
+    @Option(help: ArgumentHelp("Hosts to reach directly, comma-separated (a name covers its subdomains; * is every host).",
+                               valueName: "list"))
+    var noproxy: String?
+
     @Option(help: ArgumentHelp("Refuse a file larger than this (K, M, G are 1024-based); a body without a length is stopped there.",
                                valueName: "size"))
     var maxSize: String?
@@ -169,6 +179,11 @@ struct EngineFlags: ParsableArguments {
         if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
         if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
         if retries < 0 { throw ValidationError("--retries must not be negative") }
+        do throws(PickupError) {
+            _ = try ProxyRules.resolve(proxy: proxy, noProxy: noproxy, environment: ProcessInfo.processInfo.environment)
+        } catch {
+            throw ValidationError(error.description)
+        }
         if let maxSize, Get.size(maxSize) == nil {
             throw ValidationError("--max-size must be a positive number of bytes, optionally with K, M or G")
         }
@@ -185,6 +200,8 @@ struct EngineFlags: ParsableArguments {
         var transport = HTTPClientTransport.Options()
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout
+        transport.proxies = (try? ProxyRules.resolve(proxy: proxy, noProxy: noproxy,
+                                                     environment: ProcessInfo.processInfo.environment)) ?? ProxyRules()
         return (options, transport)
     }
 }

@@ -18,11 +18,13 @@ enum CLI {
         return "pickup"
     }
 
-    static func start(_ args: [String], state: FilePath) throws -> Process {
+    static func start(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> Process {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binary)
         p.arguments = args
         var env = ProcessInfo.processInfo.environment
+        for name in ["http_proxy", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"] { env[name] = nil }
+        env.merge(environment) { $1 }
         env["PICKUP_STATE_DIR"] = state.string
         p.environment = env
         p.standardOutput = FileHandle.nullDevice
@@ -31,8 +33,8 @@ enum CLI {
         return p
     }
 
-    static func run(_ args: [String], state: FilePath) throws -> Int32 {
-        let p = try start(args, state: state)
+    static func run(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> Int32 {
+        let p = try start(args, state: state, environment: environment)
         p.waitUntilExit()
         return p.terminationStatus
     }

@@ -89,7 +89,7 @@ public final class Nginx: @unchecked Sendable {
 
     deinit { stop() }
 
-    static func freePort() throws -> Int {
+    public static func freePort() throws -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(fd) }
         var addr = sockaddr_in()
@@ -106,7 +106,7 @@ public final class Nginx: @unchecked Sendable {
         return Int(UInt16(bigEndian: addr.sin_port))
     }
 
-    static func canConnect(_ port: Int) -> Bool {
+    public static func canConnect(_ port: Int) -> Bool {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(fd) }
         var addr = sockaddr_in()

@@ -34,12 +34,18 @@ public final class HTTPClientTransport: Transport {
         /// reads at most `readBudget / connections in flight` (never below 64 KiB), so one
         /// connection reads 1 MiB while 16 read 64 KiB each and memory stays bounded.
         public var readBudget = 1 << 20
+        /// Which requests go through which proxy (none by default; the CLI reads `--proxy` and the
+        /// environment). Several connections per file work through a proxy too.
+        public var proxies = ProxyRules()
 
         /// Default options.
         public init() {}
     }
 
+    /// A client without a proxy, and one per proxy the rules may pick.
     let client: HTTPClient
+    let proxied: [ProxyURL: HTTPClient]
+    let proxies: ProxyRules
     /// The client's event loops, which ``FetchRequest/lane`` picks from.
     let loops: [any EventLoop]
     let budget: ReadBudget
@@ -77,6 +83,20 @@ public final class HTTPClientTransport: Transport {
         // against the system's roots: SecTrust on Apple platforms), and the read budget works the
         // same on every platform. See ARCHITECTURE.md, "Platforms".
         client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: config)
+        var proxied: [ProxyURL: HTTPClient] = [:]
+        for p in options.proxies.all {
+            var c = config
+            switch p.kind {
+            case .http:
+                c.proxy = .server(host: p.host, port: p.port,
+                                  authorization: p.user.map { .basic(username: $0, password: p.password ?? "") })
+            case .socks5:
+                c.proxy = .socksServer(host: p.host, port: p.port)
+            }
+            proxied[p] = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: c)
+        }
+        self.proxied = proxied
+        proxies = options.proxies
         loops = Array(client.eventLoopGroup.makeIterator())
         headTimeout = .milliseconds(Int64(options.headTimeout * 1000))
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
@@ -106,7 +126,8 @@ public final class HTTPClientTransport: Transport {
         let preference: HTTPClient.EventLoopPreference =
             request.lane.map { .delegate(on: loops[$0 % loops.count]) } ?? .indifferent
         let delegate = SinkDelegate(sink)
-        let task = client.execute(request: req, delegate: delegate, eventLoop: preference)
+        let via = proxies.proxy(for: request.url).flatMap { proxied[$0] } ?? client
+        let task = via.execute(request: req, delegate: delegate, eventLoop: preference)
         delegate.armHeadDeadline(task, in: headTimeout)
         do {
             try await withTaskCancellationHandler {
@@ -128,12 +149,14 @@ public final class HTTPClientTransport: Transport {
     public func shutdown() async {
         guard isShutDown.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged else { return }
         try? await client.shutdown()
+        for c in proxied.values { try? await c.shutdown() }
     }
 
     deinit {
         // Dropped without shutdown(): release the connections in the background rather than leak them.
         if isShutDown.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged {
             client.shutdown { _ in }
+            for c in proxied.values { c.shutdown { _ in } }
         }
     }
 

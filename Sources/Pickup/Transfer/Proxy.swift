@@ -1,0 +1,97 @@
+import Foundation
+
+/// A proxy: `http://[user:password@]host:port` (CONNECT for https URLs), or `socks5://host:port`
+/// and `socks5h://host:port` (both resolve names at the proxy: AsyncHTTPClient's SOCKS client sends
+/// the host name).
+public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
+    public enum Kind: String, Sendable, Hashable { case http, socks5 }
+    public var kind: Kind
+    public var host: String
+    public var port: Int
+    public var user: String?
+    public var password: String?
+
+    /// Parses a proxy URL (a bare `host:port` is an HTTP proxy, as curl takes it).
+    /// - Throws: ``PickupError/invalidInput(_:)``.
+    public init(parsing text: String) throws(PickupError) {
+        let withScheme = text.contains("://") ? text : "http://" + text
+        guard let u = URL(string: withScheme), let scheme = u.scheme?.lowercased(), let host = u.host, !host.isEmpty else {
+            throw .invalidInput("not a proxy URL: \(DownloadURL.redacted(text))")
+        }
+        switch scheme {
+        case "http": kind = .http
+        case "socks5", "socks5h": kind = .socks5
+        default: throw .invalidInput("proxy scheme \(scheme) is not supported (http, socks5, socks5h)")
+        }
+        if let port = u.port, !(1...65535).contains(port) { throw .invalidInput("proxy port \(port) is out of range") }
+        self.host = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
+        self.port = u.port ?? (kind == .http ? 3128 : 1080)
+        user = u.user(percentEncoded: false)
+        password = u.password(percentEncoded: false)
+        if kind == .socks5, user != nil {
+            throw .invalidInput("a SOCKS proxy with a user name and password is not supported")
+        }
+    }
+
+    /// `scheme://host:port`, credentials left out.
+    public var description: String { "\(kind.rawValue)://\(host):\(port)" }
+}
+
+/// Which proxy each request goes through: curl's rules. `--proxy` for every URL, else the
+/// environment's `http_proxy` (lower case only: `HTTP_PROXY` can be set by a CGI client),
+/// `https_proxy`/`HTTPS_PROXY`, then `all_proxy`/`ALL_PROXY`; hosts in `--noproxy` or
+/// `no_proxy`/`NO_PROXY` (comma-separated; a name matches itself and its subdomains; `*` matches
+/// every host) go direct.
+public struct ProxyRules: Sendable, Equatable {
+    /// For http URLs.
+    public var http: ProxyURL?
+    /// For https URLs.
+    public var https: ProxyURL?
+    /// Hosts that go direct.
+    public var noProxy: [String]
+
+    /// No proxy at all.
+    public init(http: ProxyURL? = nil, https: ProxyURL? = nil, noProxy: [String] = []) {
+        self.http = http
+        self.https = https
+        self.noProxy = noProxy
+    }
+
+    /// The rules from `--proxy` and `--noproxy` (an empty `--proxy` turns proxies off) and, where
+    /// they say nothing, the environment.
+    /// - Throws: ``PickupError/invalidInput(_:)`` for a malformed proxy URL.
+    public static func resolve(proxy: String?, noProxy: String?, environment env: [String: String]) throws(PickupError) -> ProxyRules {
+        func value(_ names: String...) -> String? { names.lazy.compactMap { env[$0] }.first { !$0.isEmpty } }
+        let skip = (noProxy ?? value("no_proxy", "NO_PROXY") ?? "").split(separator: ",").map {
+            $0.trimmingCharacters(in: .whitespaces).lowercased()
+        }.filter { !$0.isEmpty }
+        if let proxy {
+            if proxy.isEmpty { return ProxyRules() }
+            let p = try ProxyURL(parsing: proxy)
+            return ProxyRules(http: p, https: p, noProxy: skip)
+        }
+        let all = try value("all_proxy", "ALL_PROXY").map { text throws(PickupError) in try ProxyURL(parsing: text) }
+        let http = try value("http_proxy").map { text throws(PickupError) in try ProxyURL(parsing: text) } ?? all
+        let https = try value("https_proxy", "HTTPS_PROXY").map { text throws(PickupError) in try ProxyURL(parsing: text) } ?? all
+        return ProxyRules(http: http, https: https, noProxy: skip)
+    }
+
+    /// The proxy for a request to `url`, nil to go direct.
+    public func proxy(for url: String) -> ProxyURL? {
+        guard http != nil || https != nil, let u = URL(string: url), let host = u.host?.lowercased() else { return nil }
+        let bare = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
+        for entry in noProxy {
+            if entry == "*" { return nil }
+            var name = entry.hasPrefix(".") ? String(entry.dropFirst()) : entry
+            if let colon = name.lastIndex(of: ":"), !name.contains("]"), name.filter({ $0 == ":" }).count == 1 {
+                name = String(name[..<colon])
+            }
+            name = name.hasPrefix("[") ? String(name.dropFirst().dropLast()) : name
+            if bare == name || bare.hasSuffix("." + name) { return nil }
+        }
+        return u.scheme?.lowercased() == "https" ? https : http
+    }
+
+    /// Every proxy the rules may pick.
+    var all: Set<ProxyURL> { Set([http, https].compactMap { $0 }) }
+}

@@ -1,0 +1,78 @@
+import Foundation
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+@Suite struct ProxyRuleTests {
+    @Test func curlsRulesForTheEnvironmentAndNoProxy() throws {
+        let env = ["http_proxy": "http://p1:3128", "HTTPS_PROXY": "socks5h://p2:1080", "no_proxy": "internal.example, .corp,10.0.0.1"]
+        let rules = try ProxyRules.resolve(proxy: nil, noProxy: nil, environment: env)
+        #expect(rules.proxy(for: "http://a.example/x")?.host == "p1")
+        #expect(rules.proxy(for: "https://a.example/x")?.description == "socks5://p2:1080")
+        #expect(rules.proxy(for: "http://internal.example/x") == nil)
+        #expect(rules.proxy(for: "http://deep.internal.example/x") == nil)
+        #expect(rules.proxy(for: "http://host.corp/x") == nil)
+        #expect(rules.proxy(for: "http://10.0.0.1/x") == nil)
+        // HTTP_PROXY in upper case is not read (httpoxy); an empty --proxy turns proxies off.
+        #expect(try ProxyRules.resolve(proxy: nil, noProxy: nil, environment: ["HTTP_PROXY": "http://x:1"]).proxy(for: "http://a/") == nil)
+        #expect(try ProxyRules.resolve(proxy: "", noProxy: nil, environment: env).proxy(for: "http://a/") == nil)
+        #expect(try ProxyRules.resolve(proxy: "http://q:8080", noProxy: "*", environment: env).proxy(for: "http://a/") == nil)
+        #expect(throws: PickupError.self) { try ProxyURL(parsing: "ftp://x:1") }
+        #expect(throws: PickupError.self) { try ProxyURL(parsing: "socks5://u:p@x:1") }
+        #expect(try ProxyURL(parsing: "http://u:p%40@x:8080").password == "p@")
+    }
+}
+
+/// Through real proxies from Debian's packages (installed by .ci/run); skipped where missing.
+@Suite(.serialized) struct ProxyTests {
+    @Test(.enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
+    func severalConnectionsThroughAnHTTPProxy() async throws {
+        let proxy = try ProxyProcess(.tinyproxy)
+        defer { proxy.stop() }
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 4 << 20, seed: 21)
+        server.set("/p.bin", Resource(body: body))
+        let state = TempDir(), dir = TempDir()
+        var transport = testTransport(stall: 5)
+        transport.proxies = try ProxyRules.resolve(proxy: proxy.url, noProxy: nil, environment: [:])
+        let d = Downloader(options: testOptions(state: state.path, connections: 4), transport: transport)
+        defer { Task { await d.shutdown() } }
+        _ = try await d.download(DownloadRequest(url: server.url("/p.bin"), destination: .directory(dir.path)))
+        #expect(dir.read("p.bin") == body)
+        #expect(proxy.connections(to: server.port) >= 2, "\(proxy.log)")
+    }
+
+    @Test(.enabled(if: ProxyProcess.binary(.microsocks) != nil, "microsocks is not installed"))
+    func throughASOCKS5Proxy() async throws {
+        let proxy = try ProxyProcess(.microsocks)
+        defer { proxy.stop() }
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 200_000, seed: 22)
+        server.set("/s.bin", Resource(body: body))
+        let state = TempDir(), dir = TempDir()
+        #expect(try CLI.run(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "--proxy", proxy.url], state: state.path) == 0)
+        #expect(dir.read("s.bin") == body)
+        #expect(proxy.connections(to: server.port) >= 1, "\(proxy.log)")
+    }
+
+    @Test(.enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
+    func theEnvironmentsProxyAndNoProxy() async throws {
+        let proxy = try ProxyProcess(.tinyproxy)
+        defer { proxy.stop() }
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        server.set("/e.bin", Resource(body: [1, 2, 3]))
+        let state = TempDir(), dir = TempDir()
+        #expect(try CLI.run(["get", server.url("/e.bin"), "-o", dir.file("a").string, "-q"], state: state.path,
+                            environment: ["http_proxy": proxy.url]) == 0)
+        #expect(proxy.connections(to: server.port) == 1)
+        #expect(try CLI.run(["get", server.url("/e.bin"), "-o", dir.file("b").string, "-q"], state: state.path,
+                            environment: ["http_proxy": proxy.url, "no_proxy": "127.0.0.1"]) == 0)
+        #expect(proxy.connections(to: server.port) == 1, "no_proxy went direct")
+        #expect(dir.read("a") == [1, 2, 3] && dir.read("b") == [1, 2, 3])
+    }
+}
