@@ -162,6 +162,11 @@ struct EngineFlags: ParsableArguments {
     var retries: Int = 6
 
     @Option(help: ArgumentHelp(
+        "Trust the certificates in this PEM file too (besides the system's; SSL_CERT_FILE and SSL_CERT_DIR are read as well).",
+        valueName: "file"))
+    var caCertificate: String?
+
+    @Option(help: ArgumentHelp(
         "Send requests through this proxy: http://[user:password@]host:port (CONNECT for https), socks5:// or socks5h://. "
             + "Without it, http_proxy, https_proxy, all_proxy and no_proxy apply; \"\" turns proxies off.",
         valueName: "url"))
@@ -184,6 +189,9 @@ struct EngineFlags: ParsableArguments {
         } catch {
             throw ValidationError(error.description)
         }
+        if let caCertificate {
+            do throws(PickupError) { try HTTPClientTransport.checkCertificates(caCertificate) } catch { throw ValidationError(error.description) }
+        }
         if let maxSize, Get.size(maxSize) == nil {
             throw ValidationError("--max-size must be a positive number of bytes, optionally with K, M or G")
         }
@@ -200,6 +208,10 @@ struct EngineFlags: ParsableArguments {
         var transport = HTTPClientTransport.Options()
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout
+        let env = ProcessInfo.processInfo.environment
+        transport.extraTrustRoots = [caCertificate, env["SSL_CERT_FILE"]].compactMap { $0 }
+            .filter { (try? HTTPClientTransport.checkCertificates($0)) != nil }
+            + (env["SSL_CERT_DIR"].map { HTTPClientTransport.certificateFiles(in: $0) } ?? [])
         transport.proxies = (try? ProxyRules.resolve(proxy: proxy, noProxy: noproxy,
                                                      environment: ProcessInfo.processInfo.environment)) ?? ProxyRules()
         return (options, transport)

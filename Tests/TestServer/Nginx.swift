@@ -17,14 +17,17 @@ public final class Nginx: @unchecked Sendable {
     let process: Process
 
     /// `http://127.0.0.1:PORT`.
-    public var baseURL: String { "http://127.0.0.1:\(port)" }
+    public var baseURL: String { (tls ? "https" : "http") + "://127.0.0.1:\(port)" }
+    let tls: Bool
 
     /// Starts nginx serving `root`, or throws when nginx is missing or does not come up.
     /// `locations` is added to the server block as it is (extra `location` blocks); `$WORK` in it is
     /// nginx's own work directory, where `files` are written first (name to contents).
-    public init(root: String, limitRate: String = "2m", locations: String = "", files: [String: String] = [:]) throws {
+    public init(root: String, limitRate: String = "2m", locations: String = "", files: [String: String] = [:],
+                tls: (certificate: String, key: String)? = nil) throws {
         guard let binary = Nginx.binary else { throw NSError(domain: "nginx not installed", code: 1) }
         self.root = root
+        self.tls = tls != nil
         work = NSTemporaryDirectory() + "pickup-nginx-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
         port = try Nginx.freePort()
@@ -47,7 +50,8 @@ public final class Nginx: @unchecked Sendable {
                 sendfile on;
                 tcp_nopush on;
                 server {
-                    listen 127.0.0.1:\(port);
+                    listen 127.0.0.1:\(port)\(tls == nil ? "" : " ssl");
+                    \(tls.map { "ssl_certificate \($0.certificate); ssl_certificate_key \($0.key);" } ?? "")
                     root \(root);
                     location /slow/ { alias \(root)/; limit_rate \(limitRate); }
                     \(locations.replacingOccurrences(of: "$WORK", with: work))

@@ -1,3 +1,4 @@
+import Foundation
 import AsyncHTTPClient
 import Atomics
 import NIOCore
@@ -23,6 +24,9 @@ public final class HTTPClientTransport: Transport {
         public var headTimeout: Double = 30
         /// Skip TLS certificate verification.
         public var insecure: Bool = false
+        /// PEM files of certificates trusted in addition to the system's roots (`--ca-certificate`,
+        /// `SSL_CERT_FILE`, the files of `SSL_CERT_DIR`).
+        public var extraTrustRoots: [String] = []
         /// `User-Agent` sent with every request.
         public var userAgent: String = "pickup/\(PickupVersion.string)"
         /// Connections kept per host.
@@ -57,6 +61,7 @@ public final class HTTPClientTransport: Transport {
     public init(options: Options = Options()) {
         var tls = TLSConfiguration.makeClientConfiguration()
         if options.insecure { tls.certificateVerification = .none }
+        if !options.extraTrustRoots.isEmpty { tls.additionalTrustRoots = options.extraTrustRoots.map { .file($0) } }
         var pool = HTTPClient.Configuration.ConnectionPool()
         pool.concurrentHTTP1ConnectionsPerHostSoftLimit = options.maxConnectionsPerHost
         // A refused connection should reach the engine at once, which retries with its own backoff.
@@ -100,6 +105,22 @@ public final class HTTPClientTransport: Transport {
         loops = Array(client.eventLoopGroup.makeIterator())
         headTimeout = .milliseconds(Int64(options.headTimeout * 1000))
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
+    }
+
+    /// Checks that a file holds PEM certificates.
+    /// - Throws: ``PickupError/invalidInput(_:)``.
+    public static func checkCertificates(_ path: String) throws(PickupError) {
+        guard let certificates = try? NIOSSLCertificate.fromPEMFile(path), !certificates.isEmpty else {
+            throw .invalidInput("\(path) holds no PEM certificate")
+        }
+    }
+
+    /// The PEM files a directory of certificates holds (`SSL_CERT_DIR`): `*.pem` and `*.crt`.
+    public static func certificateFiles(in directory: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
+            .filter { $0.hasSuffix(".pem") || $0.hasSuffix(".crt") }
+            .map { directory + "/" + $0 }
+            .filter { (try? checkCertificates($0)) != nil }
     }
 
     public func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
