@@ -21,6 +21,12 @@ struct RequestFlags: ParsableArguments {
         valueName: "user:password"))
     var user: String?
 
+    @Flag(help: "Take credentials for the URL's host from ~/.netrc (curl's --netrc).")
+    var netrc = false
+
+    @Option(help: ArgumentHelp("Take credentials for the URL's host from this netrc file.", valueName: "file"))
+    var netrcFile: String?
+
     @Option(name: [.customShort("b"), .customLong("cookie")], help: ArgumentHelp(
         "Cookies to send to the URL's host, \"a=b; c=d\".", valueName: "cookies"))
     var cookie: String?
@@ -45,6 +51,15 @@ struct RequestFlags: ParsableArguments {
                     ?? (user, "")
                 o.headers.removeAll { $0.name.lowercased() == "authorization" }
                 o.headers.append(.basic(user: name, password: password))
+            }
+            let hasCredentials = user != nil || RequestOptions.credentials(in: url) != nil
+                || o.headers.contains { $0.name.lowercased() == "authorization" }
+            if !hasCredentials, netrc || netrcFile != nil {
+                let path = netrcFile ?? (NSHomeDirectory() + "/.netrc")
+                guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+                    throw PickupError.invalidInput("cannot read the netrc file \(path)")
+                }
+                if let basic = Netrc(parsing: text).credentials(for: url) { o.headers.append(basic) }
             }
             if let cookie, let host = URL(string: url)?.host { o.cookies += Cookie.parseHeader(cookie, host: host) }
             if let loadCookies {

@@ -23,6 +23,21 @@ import TestServer
         #expect(RequestOptions.credentials(in: "http://me:p%40ss@h/")?.value == "Basic " + Data("me:p@ss".utf8).base64EncodedString())
     }
 
+    @Test func netrcEntriesAndTheDefault() {
+        let netrc = Netrc(parsing: """
+            # comment
+            machine files.example login me password s3cret
+            machine other.example
+              login you
+              password pw
+            default login anon password guest
+            """)
+        #expect(netrc.credentials(for: "https://files.example/a") == .basic(user: "me", password: "s3cret"))
+        #expect(netrc.credentials(for: "https://OTHER.example/a") == .basic(user: "you", password: "pw"))
+        #expect(netrc.credentials(for: "https://elsewhere/a") == .basic(user: "anon", password: "guest"))
+        #expect(Netrc(parsing: "machine a login b").credentials(for: "http://c/") == nil)
+    }
+
     @Test func cookiesMatchByDomainPathSecureAndExpiry() throws {
         let text = """
             # Netscape HTTP Cookie File
@@ -117,6 +132,11 @@ struct AuthenticatedNginxTests {
         try "127.0.0.1\tFALSE\t/\tFALSE\t0\tsession\tok\n".write(toFile: cookies.string, atomically: true, encoding: .utf8)
         #expect(try CLI.run(["get", base + "/members/f.bin", "-o", dir.file("fromjar.bin").string, "-q", "--load-cookies", cookies.string],
                             state: state.path) == 0)
+        let netrc = dir.file("netrc")
+        try "machine 127.0.0.1 login me password s3cret\n".write(toFile: netrc.string, atomically: true, encoding: .utf8)
+        #expect(try CLI.run(["get", base + "/private/f.bin", "-o", dir.file("fromnetrc.bin").string, "-q", "--netrc-file", netrc.string],
+                            state: state.path) == 0)
+        #expect(dir.read("fromnetrc.bin") == body)
         #expect(try get("/api/f.bin", ["-H", "X-Token: t1"]) == 0)
         #expect(try get("/agents/f.bin", ["-A", "Agent/7.0"]) == 0)
         for name in ["_private_f.bin", "fromurl.bin", "_members_f.bin", "fromjar.bin", "_api_f.bin", "_agents_f.bin"] {
