@@ -72,11 +72,24 @@ struct Add: AsyncParsableCommand {
     @Option(name: [.customShort("x"), .long], help: ArgumentHelp("Connections for these downloads, 1 to 32.", valueName: "n"))
     var connections: Int?
     @Flag(help: "Add them paused.") var paused = false
+    @Option(name: [.customShort("H"), .customLong("header")], help: ArgumentHelp(
+        "Send this header with every request of these downloads (repeatable); Authorization and Cookie go only to the URL's origin.",
+        valueName: "name: value"))
+    var headers: [String] = []
     @OptionGroup var daemonState: DaemonState
 
     func validate() throws {
         if urls.isEmpty { throw ValidationError("give at least one URL") }
+        for h in headers {
+            do throws(PickupError) { _ = try RequestHeader(line: h) } catch { throw ValidationError(error.description) }
+        }
         if name != nil && urls.count > 1 { throw ValidationError("-o names one file; give one URL with it") }
+    }
+
+    /// `-H` lines as the API takes them (checked in validate).
+    var headerFields: [String: String]? {
+        let fields = headers.compactMap { try? RequestHeader(line: $0) }
+        return fields.isEmpty ? nil : Dictionary(fields.map { ($0.name, $0.value) }, uniquingKeysWith: { $1 })
     }
 
     func run() async throws {
@@ -84,7 +97,8 @@ struct Add: AsyncParsableCommand {
         for url in urls {
             let d = try await Remote.call {
                 try await client.add(APIAddRequest(url: url, name: name, priority: priority, checksum: checksum,
-                                                   connections: connections, paused: paused ? true : nil))
+                                                   connections: connections, paused: paused ? true : nil,
+                                                   headers: headerFields))
             }
             print("added \(d.id) \(d.name ?? d.url) (\(d.state))")
         }

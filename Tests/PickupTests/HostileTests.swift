@@ -286,6 +286,23 @@ func isSymlink(_ path: FilePath) -> Bool {
         #expect(try await f.api(.POST, "/downloads", body: #"{"url":"http://127.0.0.1:99999/x"}"#).status == 400)
     }
 
+    /// Headers given to the API are sent; listings and events show their names, never the values.
+    @Test func headersGoThroughTheAPIAndOnlyTheirNamesComeBack() async throws {
+        let f = try await DaemonFixture()
+        defer { Task { await f.close() } }
+        f.server.set("/h.bin", Resource(body: [1, 2, 3]))
+        let added = try await f.client.add(APIAddRequest(url: f.server.url("/h.bin"), headers: ["Authorization": "Bearer zzz", "X-A": "1"]))
+        try await f.waitUntil { $0[added.id]?.state == "completed" }
+        #expect(f.server.requests("/h.bin").first?.headers["authorization"] == "Bearer zzz")
+        #expect(f.server.requests("/h.bin").first?.headers["x-a"] == "1")
+        let one = try await f.api(.GET, "/downloads/\(added.id)")
+        let all = try await f.api(.GET, "/downloads")
+        for body in [one.body, all.body, added.headers?.joined() ?? ""] { #expect(!body.contains("zzz")) }
+        #expect(one.body.contains("\"Authorization\""))
+        let bad = try await f.api(.POST, "/downloads", body: #"{"url":"\#(f.server.url("/x"))","headers":{"Range":"bytes=0-"}}"#)
+        #expect(bad.status == 400)
+    }
+
     @Test func aDirectorySwappedForASymlinkAfterAddLeadsNowhere() async throws {
         let f = try await DaemonFixture()
         defer { Task { await f.close() } }
