@@ -151,12 +151,19 @@ extension Data {
             }
             let urls = ["/ubuntu-24.04-netboot.tar.gz", "/dataset-part-1.parquet", "/dataset-part-2.parquet"].map(f.server.url)
             try await browser.type("#urls", urls.joined(separator: "\n"))
+            try await browser.click("#advanced summary")
+            try await browser.type("#headers", "X-Token: t1")
+            try await browser.type("#user-agent", "Agent/7.0")
             try await browser.click("#add-form button")
             try await browser.waitFor("the first download to finish on the page") {
                 let s = try await browser.states()
                 return s.count == 3 && s["1"] == "completed" && s["2"] == "running"
             }
             #expect(f.root.read("ubuntu-24.04-netboot.tar.gz") == small)
+            // The advanced part's header and user agent went with the request; the page shows no value.
+            let sent = f.server.requests("/ubuntu-24.04-netboot.tar.gz").first?.headers
+            #expect(sent?["x-token"] == "t1")
+            #expect(sent?["user-agent"] == "Agent/7.0")
             try await browser.click(#"li[data-id="2"] .pause"#)
             try await browser.waitFor("the paused state on the page") { try await browser.states()["2"] == "paused" }
             #expect(try await f.client.download(2).state == "paused")

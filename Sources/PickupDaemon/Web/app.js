@@ -218,10 +218,18 @@ async function act(method, path) {
 $("add-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   const urls = $("urls").value.split("\n").map((s) => s.trim()).filter((s) => s && !s.startsWith("#"));
+  const headers = {};
+  for (const line of $("headers").value.split("\n")) {
+    const colon = line.indexOf(":");
+    if (colon > 0) headers[line.slice(0, colon).trim()] = line.slice(colon + 1).trim();
+  }
+  const agent = $("user-agent").value.trim();
+  if (agent) headers["User-Agent"] = agent;
   const failed = [];
   let error = "";
   for (const url of urls) {
-    try { await call("POST", "/downloads", { url }); } catch (err) { failed.push(url); error = err.message; }
+    const body = Object.keys(headers).length ? { url, headers } : { url };
+    try { await call("POST", "/downloads", body); } catch (err) { failed.push(url); error = err.message; }
   }
   $("urls").value = failed.join("\n");
   $("add-error").hidden = failed.length === 0;
