@@ -111,16 +111,22 @@ public struct APISettings: Codable, Sendable, Equatable {
     public var maxConcurrentDownloads: Int
     /// Global limit in bytes per second, or nil for none.
     public var speedLimit: Int64?
+    /// The proxy every download goes through (`http://`, `socks5://`, `socks5h://`), or nil for
+    /// what `pickup serve` was started with (`--proxy`, the environment). Shown with its password
+    /// as `***`.
+    public var proxy: String?
 
-    public init(maxConcurrentDownloads: Int, speedLimit: Int64?) {
+    public init(maxConcurrentDownloads: Int, speedLimit: Int64?, proxy: String? = nil) {
         self.maxConcurrentDownloads = maxConcurrentDownloads
         self.speedLimit = speedLimit
+        self.proxy = proxy
     }
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
         try c.encode(speedLimit, forKey: .speedLimit)
+        try c.encode(proxy, forKey: .proxy)
     }
 }
 
@@ -190,12 +196,15 @@ public struct APISettingsPatch: Codable, Sendable {
     public var maxConcurrentDownloads: Int?
     /// nil: unchanged; .some(nil): no limit.
     public var speedLimit: Int64??
+    /// nil: unchanged; .some(nil): back to what `pickup serve` was started with.
+    public var proxy: String??
 
-    enum CodingKeys: String, CodingKey, CaseIterable { case maxConcurrentDownloads, speedLimit }
+    enum CodingKeys: String, CodingKey, CaseIterable { case maxConcurrentDownloads, speedLimit, proxy }
 
-    public init(maxConcurrentDownloads: Int? = nil, speedLimit: Int64?? = nil) {
+    public init(maxConcurrentDownloads: Int? = nil, speedLimit: Int64?? = nil, proxy: String?? = nil) {
         self.maxConcurrentDownloads = maxConcurrentDownloads
         self.speedLimit = speedLimit
+        self.proxy = proxy
     }
 
     public init(from decoder: any Decoder) throws {
@@ -205,12 +214,16 @@ public struct APISettingsPatch: Codable, Sendable {
         if c.contains(.speedLimit) {
             speedLimit = .some(try c.decodeNil(forKey: .speedLimit) ? nil : try c.decode(Int64.self, forKey: .speedLimit))
         }
+        if c.contains(.proxy) {
+            proxy = .some(try c.decodeNil(forKey: .proxy) ? nil : try c.decode(String.self, forKey: .proxy))
+        }
     }
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encodeIfPresent(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
         if let limit = speedLimit { try c.encode(limit, forKey: .speedLimit) }
+        if let proxy { try c.encode(proxy, forKey: .proxy) }
     }
 }
 

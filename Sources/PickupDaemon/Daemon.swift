@@ -61,6 +61,8 @@ public final class Daemon: Sendable {
     let group = NIOLockedValueBox<ServiceGroup?>(nil)
     /// The event streams' fan-out.
     let hub: EventHub
+    /// The proxy set through the API (nil: what `pickup serve` was started with).
+    let proxySetting = NIOLockedValueBox<String?>(nil)
 
     /// Opens the state directory (refusing one another process drives), the token (made on first
     /// start, mode 0600) and the saved settings.
@@ -83,11 +85,15 @@ public final class Daemon: Sendable {
         manager.progressInterval = configuration.progressInterval
         manager.engine = configuration.engine
         manager.transport = configuration.transport
+        if let saved = saved?.proxy, let p = try? ProxyURL(parsing: saved) {
+            manager.transport.proxies = ProxyRules(http: p, https: p, noProxy: configuration.transport.proxies.noProxy)
+        }
         manager.root = root
         self.manager = try DownloadManager(configuration: manager)
         (token, tokenIsNew) = try files.token()
         self.root = root
         hub = EventHub(maxClients: configuration.maxEventClients, maxBuffered: configuration.maxEventBacklog)
+        proxySetting.withLockedValue { $0 = saved?.proxy }
         self.configuration = configuration
         self.files = files
     }
@@ -128,9 +134,11 @@ public final class Daemon: Sendable {
         await group.withLockedValue { $0 }?.triggerGracefulShutdown()
     }
 
-    /// The settings as they are now.
-    func settings() async -> APISettings {
-        APISettings(maxConcurrentDownloads: await manager.maxConcurrentDownloads, speedLimit: await manager.speedLimit)
+    /// The settings as they are now (the proxy's password as `***` unless `secrets`, for the file).
+    func settings(secrets: Bool = false) async -> APISettings {
+        let proxy = proxySetting.withLockedValue { $0 }
+        return APISettings(maxConcurrentDownloads: await manager.maxConcurrentDownloads, speedLimit: await manager.speedLimit,
+                           proxy: secrets ? proxy : proxy.map(DownloadURL.redacted))
     }
 
     /// Applies and saves a change of settings.
@@ -141,11 +149,25 @@ public final class Daemon: Sendable {
         if case .some(.some(let limit)) = patch.speedLimit, limit < RateLimiter.minimum {
             throw .badRequest("speedLimit must be at least \(RateLimiter.minimum) bytes per second, or null for none")
         }
+        var rules: ProxyRules? = nil
+        if let proxy = patch.proxy {
+            do throws(PickupError) {
+                rules = try proxy.map { text throws(PickupError) in
+                    let p = try ProxyURL(parsing: text)
+                    return ProxyRules(http: p, https: p, noProxy: configuration.transport.proxies.noProxy)
+                } ?? configuration.transport.proxies
+            } catch {
+                throw .badRequest("proxy: \(error.description)")
+            }
+        }
         if let n = patch.maxConcurrentDownloads { await manager.setMaxConcurrentDownloads(n) }
         if let limit = patch.speedLimit { await manager.setSpeedLimit(limit) }
-        let now = await settings()
-        files.saveSettings(now)
-        return now
+        if let rules, let proxy = patch.proxy {
+            proxySetting.withLockedValue { $0 = proxy }
+            await manager.setProxies(rules)
+        }
+        files.saveSettings(await settings(secrets: true))
+        return await settings()
     }
 
     /// Host names a request may carry in `Host` (and `Origin`): the daemon's own address only.

@@ -69,5 +69,7 @@ public struct DaemonFiles: Sendable {
     func saveSettings(_ s: APISettings) {
         guard let data = try? JSONEncoder().encode(s) else { return }
         try? data.write(to: URL(fileURLWithPath: settingsPath.string), options: .atomic)
+        // It may hold a proxy's password.
+        _ = try? FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: settingsPath.string)
     }
 }

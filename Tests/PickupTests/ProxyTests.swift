@@ -1,4 +1,5 @@
 import Foundation
+import PickupDaemon
 import SystemPackage
 import Testing
 import TestServer
@@ -100,5 +101,35 @@ struct TrustTests {
         #expect(try CLI.run(["get", url, "-o", dir.file("c").string, "-q"], state: state.path, environment: ["SSL_CERT_FILE": cert]) == 0)
         #expect(try CLI.run(["get", url, "-o", dir.file("d").string, "-q", "--ca-certificate", key], state: state.path) == 2)
         #expect(dir.read("b") == Resource.bytes(count: 5000, seed: 3) && dir.read("c") == dir.read("b"))
+    }
+}
+
+/// The daemon's proxy setting: applied to new transfers, saved for the owner only, shown without its password.
+@Suite(.enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
+struct DaemonProxyTests {
+    @Test func theProxySettingAppliesSurvivesARestartAndHidesItsPassword() async throws {
+        let proxy = try ProxyProcess(.tinyproxy)
+        defer { proxy.stop() }
+        let f = try await DaemonFixture()
+        defer { Task { await f.close() } }
+        f.server.set("/a.bin", Resource(body: [1, 2, 3]))
+        f.server.set("/b.bin", Resource(body: [4, 5, 6]))
+        let withUser = proxy.url.replacingOccurrences(of: "http://", with: "http://me:pw@")
+        let set = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(withUser)))
+        #expect(set.proxy == proxy.url.replacingOccurrences(of: "http://", with: "http://me:***@"))
+        let a = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin")))
+        try await f.waitUntil { $0[a.id]?.state == "completed" }
+        #expect(proxy.connections(to: f.server.port) == 1, "\(proxy.log)")
+        let mode = try FileManager.default.attributesOfItem(atPath: f.state.file("settings.json").string)[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+        #expect(try await f.api(.PATCH, "/settings", body: #"{"proxy":"ftp://x:1"}"#).status == 400)
+        await f.stop()
+        try await f.start()
+        #expect(try await f.client.settings().proxy?.contains("***") == true)
+        let b = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin")))
+        try await f.waitUntil { $0[b.id]?.state == "completed" }
+        #expect(proxy.connections(to: f.server.port) == 2, "the saved proxy applies after a restart")
+        _ = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(nil)))
+        #expect(try await f.client.settings().proxy == nil)
     }
 }

@@ -86,7 +86,12 @@ public actor DownloadManager {
     let configuration: Configuration
     let store: ManagerStore
     let lockFile: PartialFile
-    let downloader: Downloader
+    /// The engine new transfers run on (replaced by ``setProxies(_:)``); earlier ones are shut
+    /// down with the manager, once the transfers on them have ended.
+    var downloader: Downloader
+    var retiredDownloaders: [Downloader] = []
+    var engineOptions: DownloadOptions
+    var transportOptions: HTTPClientTransport.Options
     let globalLimiter: RateLimiter
 
     var queue: DownloadQueue
@@ -140,6 +145,8 @@ public actor DownloadManager {
         self.store = store
         self.lockFile = lock
         self.downloader = Downloader(options: engine, transport: configuration.transport)
+        self.engineOptions = engine
+        self.transportOptions = configuration.transport
         self.globalLimiter = RateLimiter(bytesPerSecond: configuration.speedLimit)
         self.queue = DownloadQueue(order: configuration.order)
         self.maxConcurrent = max(1, configuration.maxConcurrentDownloads)
@@ -200,6 +207,7 @@ public actor DownloadManager {
         }
         for run in runs.values { await run.task.value }
         await downloader.shutdown()
+        for d in retiredDownloaders { await d.shutdown() }
         emitTotals()
         for o in observers.values { o.end() }
         observers = [:]
@@ -415,6 +423,17 @@ public actor DownloadManager {
     public func setOrder(_ order: QueueOrder) {
         queue.setOrder(order)
     }
+
+    /// Which proxies transfers go through from now on (transfers already running finish as they are).
+    public func setProxies(_ rules: ProxyRules) {
+        guard rules != transportOptions.proxies else { return }
+        transportOptions.proxies = rules
+        retiredDownloaders.append(downloader)
+        downloader = Downloader(options: engineOptions, transport: transportOptions)
+    }
+
+    /// The proxies transfers go through.
+    public var proxies: ProxyRules { transportOptions.proxies }
 
     /// The global speed limit over all downloads, bytes per second (nil: none); takes effect at once.
     public func setSpeedLimit(_ bytesPerSecond: Int64?) {
