@@ -75,6 +75,19 @@ import TestServer
         #expect(e.checksum != nil && e.name == "a.bin")
     }
 
+    /// A cookie set by a redirect goes with the requests after it (a login that redirects to the file).
+    @Test func cookiesSetAlongARedirectChainAreSentOn() async throws {
+        let f = try await Fixture()
+        defer { Task { await f.close() } }
+        f.server.set("/file", Resource(body: [7, 8, 9]))
+        var r = Resource(body: [], headers: ["Set-Cookie": "ticket=abc; Path=/"])
+        r.redirect = (302, "/file")
+        f.server.set("/login", r)
+        _ = try await f.get("/login")
+        #expect(f.server.requests("/file").first?.headers["cookie"] == "ticket=abc")
+        #expect(f.dir.read("file") == [7, 8, 9])
+    }
+
     /// Redirected to another origin, the user's Authorization and Cookie stay behind.
     @Test func aRedirectElsewhereDropsTheSecrets() async throws {
         let f = try await Fixture()

@@ -137,8 +137,8 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
             return Plan(status: 404, headers: [], body: ArraySlice("not found".utf8), fault: nil, rate: nil, logIndex: index)
         }
         if let redirect = r.redirect {
-            return Plan(status: redirect.status, headers: [("Location", redirect.location)], body: [], fault: nil,
-                        rate: nil, logIndex: index)
+            return Plan(status: redirect.status, headers: [("Location", redirect.location)] + r.headers.map { ($0.key, $0.value) },
+                        body: [], fault: nil, rate: nil, logIndex: index)
         }
         var fault = r.faults.isEmpty ? nil : r.faults.removeFirst()
         if fault == nil, let n = r.firstRangeStallAfter, recorded["range"]?.hasPrefix("bytes=0-") == true { fault = .stallAfter(n) }
