@@ -79,7 +79,7 @@ struct SplitMix: RandomNumberGenerator {
 
     static let headerNames = [
         "Content-Range", "Content-Length", "ETag", "Last-Modified", "Date", "Retry-After", "Location",
-        "Content-Disposition", "Repr-Digest", "Digest", "Accept-Ranges", "X-Other",
+        "Content-Disposition", "Repr-Digest", "Digest", "Accept-Ranges", "X-Other", "Set-Cookie",
     ]
     static let headerValues = [
         "", " ", "bytes 0-99/100", "bytes */100", "bytes 99-0/100", "bytes 0-99/*", "bytes -1-5/10",
@@ -90,6 +90,8 @@ struct SplitMix: RandomNumberGenerator {
         "attachment; filename=\"../../etc/passwd\"", "attachment; filename*=UTF-8''%e2%80%ae%00x", "filename*=''",
         "attachment; filename=\"a.pickup-part\"", "sha-256=:AAAA:", "sha-256=::", "SHA-256=zz", "md5=",
         String(repeating: "a", count: 70_000), "\u{0}\u{1}\u{7F}", "bytes 0-0/0",
+        "=", ";=;", "a=b;=;Domain=", "a=b; Max-Age=-99999999999999999999", "a=b; Max-Age=9223372036854775807",
+        "a=b; Domain=..; Path=; Expires=", "a=b; Domain=0.0.1", "=b", "a=b;;;;",
     ]
 
     /// Random response heads against random request contexts: every decision and header parser
@@ -112,6 +114,13 @@ struct SplitMix: RandomNumberGenerator {
             _ = DigestHeader.expected(reprDigest: head.combined("Repr-Digest"), digest: head.combined("Digest"))
             _ = head["Retry-After"].flatMap { RetryAfter.seconds($0, now: Int64(bitPattern: rng.next() >> 1)) }
             _ = head.contentLength
+            if let cookie = head["Set-Cookie"], let url = URL(string: "https://a.example.com/x/y") {
+                _ = Cookie.parseSetCookie(cookie, from: url, now: Int64(bitPattern: rng.next() >> 2))
+            }
+            _ = Cookie.parseHeader(pick(Self.headerValues), host: "a.example.com")
+            _ = try? Cookie.parseNetscape(pick(Self.headerValues))
+            _ = Netrc(parsing: pick(Self.headerValues))
+            _ = try? RequestHeader(line: pick(Self.headerNames) + ":" + pick(Self.headerValues))
         }
     }
 }

@@ -137,8 +137,10 @@ public struct Cookie: Sendable, Codable, Equatable {
         if let slash = dir.lastIndex(of: "/"), slash != dir.startIndex { dir = String(dir[..<slash]) } else { dir = "/" }
         cookie.path = dir
         while let attribute = parts.next() {
-            let kv = attribute.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
-            switch kv[0].lowercased() {
+            let kv = attribute.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+                .map { $0.trimmingCharacters(in: .whitespaces) }
+            guard let key = kv.first else { continue }
+            switch key.lowercased() {
             case "domain" where kv.count == 2 && !kv[1].isEmpty:
                 let d = kv[1].lowercased().drop(while: { $0 == "." }).description
                 guard host == d || host.hasSuffix("." + d), d.contains(".") else { return nil }
