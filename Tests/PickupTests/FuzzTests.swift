@@ -100,7 +100,7 @@ struct SplitMix: RandomNumberGenerator {
         var rng = SplitMix(state: 9110)
         func pick(_ a: [String]) -> String { a[Int(rng.next() % UInt64(a.count))] }
         let statuses = [0, 100, 200, 204, 206, 301, 302, 304, 307, 308, 400, 404, 408, 416, 429, 500, 503, 599, 999]
-        for _ in 0..<20_000 {
+        for _ in 0..<5_000 {
             var headers: [(String, String)] = []
             for _ in 0..<Int(rng.next() % 6) { headers.append((pick(Self.headerNames), pick(Self.headerValues))) }
             let head = ResponseHead(status: statuses[Int(rng.next() % UInt64(statuses.count))], headers: headers)

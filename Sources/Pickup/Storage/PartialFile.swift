@@ -119,11 +119,6 @@ enum FS {
         #endif
     }
 
-    static func exists(_ path: FilePath) -> Bool {
-        var st = stat()
-        return lstat(path.string, &st) == 0
-    }
-
     static func isDirectory(_ path: FilePath) -> Bool {
         var st = stat()
         return stat(path.string, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
@@ -133,13 +128,6 @@ enum FS {
         var st = stat()
         guard stat(path.string, &st) == 0 else { return nil }
         return Int64(st.st_size)
-    }
-
-    /// Modification time in nanoseconds since the epoch.
-    static func mtime(_ path: FilePath) -> Int64? {
-        var st = stat()
-        guard stat(path.string, &st) == 0 else { return nil }
-        return mtime(st)
     }
 
     /// Modification time of an open file in nanoseconds since the epoch.
