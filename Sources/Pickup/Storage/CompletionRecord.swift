@@ -104,8 +104,13 @@ public struct CompletionStore: Sendable {
         }
         // Now and then (one finished file in 32, so about three per cent of the entries' count in
         // reads per file on average), drop the entries whose file is gone: the index stays in
-        // proportion to the files that still exist.
-        if UInt8.random(in: 0..<32) == 0 { sweep() }
+        // proportion to the files that still exist. On a Dispatch queue, not on Swift's cooperative
+        // pool: it reads every entry. (Cut short by the process ending, it has deleted only
+        // entries it checked.)
+        if UInt8.random(in: 0..<32) == 0 {
+            let store = self
+            DispatchQueue.global(qos: .utility).async { _ = store.sweep() }
+        }
     }
 
     /// Deletes every index entry whose file is no longer in its directory with its length (or
