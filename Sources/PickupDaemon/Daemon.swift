@@ -85,8 +85,8 @@ public final class Daemon: Sendable {
         manager.progressInterval = configuration.progressInterval
         manager.engine = configuration.engine
         manager.transport = configuration.transport
-        if let saved = saved?.proxy, let p = try? ProxyURL(parsing: saved) {
-            manager.transport.proxies = ProxyRules(http: p, https: p, noProxy: configuration.transport.proxies.noProxy)
+        if let saved = saved?.proxy, let rules = try? Self.proxyRules(saved, over: configuration.transport.proxies) {
+            manager.transport.proxies = rules
         }
         manager.root = root
         self.manager = try DownloadManager(configuration: manager)
@@ -134,6 +134,13 @@ public final class Daemon: Sendable {
         await group.withLockedValue { $0 }?.triggerGracefulShutdown()
     }
 
+    /// The rules for the proxy setting `text`: every URL through it, but the hosts `serve` was told
+    /// to reach directly.
+    static func proxyRules(_ text: String, over started: ProxyRules) throws(PickupError) -> ProxyRules {
+        let p = try ProxyURL(parsing: text)
+        return ProxyRules(http: p, https: p, noProxy: started.noProxy)
+    }
+
     /// The settings as they are now (the proxy's password as `***` unless `secrets`, for the file).
     func settings(secrets: Bool = false) async -> APISettings {
         let proxy = proxySetting.withLockedValue { $0 }
@@ -152,10 +159,8 @@ public final class Daemon: Sendable {
         var rules: ProxyRules? = nil
         if let proxy = patch.proxy {
             do throws(PickupError) {
-                rules = try proxy.map { text throws(PickupError) in
-                    let p = try ProxyURL(parsing: text)
-                    return ProxyRules(http: p, https: p, noProxy: configuration.transport.proxies.noProxy)
-                } ?? configuration.transport.proxies
+                rules = try proxy.map { text throws(PickupError) in try Self.proxyRules(text, over: configuration.transport.proxies) }
+                    ?? configuration.transport.proxies
             } catch {
                 throw .badRequest("proxy: \(error.description)")
             }

@@ -61,6 +61,13 @@ final class EventHub: Sendable {
         state.withLockedValue { $0.lastSeq = after }
         Task {
             for await change in changes {
+                // Nobody follows: nothing to frame (a client that joins now starts after this change).
+                let idle = state.withLockedValue { s -> Bool in
+                    guard s.clients.isEmpty else { return false }
+                    s.lastSeq = change.seq
+                    return true
+                }
+                if idle { continue }
                 let item = Item(seq: change.seq, download: Self.stateOf(change), isTotals: Self.isTotals(change),
                                 frame: Routes.frame(change.event, root: root))
                 let size = item.frame.readableBytes

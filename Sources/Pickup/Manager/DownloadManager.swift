@@ -86,10 +86,10 @@ public actor DownloadManager {
     let configuration: Configuration
     let store: ManagerStore
     let lockFile: PartialFile
-    /// The engine new transfers run on (replaced by ``setProxies(_:)``); earlier ones are shut
-    /// down with the manager, once the transfers on them have ended.
+    /// The engine new transfers run on (replaced by ``setProxies(_:)``); a replaced one is shut
+    /// down once the transfers on it have ended (or with the manager).
     var downloader: Downloader
-    var retiredDownloaders: [Downloader] = []
+    var retiredDownloaders: [ObjectIdentifier: Downloader] = [:]
     var engineOptions: DownloadOptions
     var transportOptions: HTTPClientTransport.Options
     let globalLimiter: RateLimiter
@@ -207,7 +207,7 @@ public actor DownloadManager {
         }
         for run in runs.values { await run.task.value }
         await downloader.shutdown()
-        for d in retiredDownloaders { await d.shutdown() }
+        for d in retiredDownloaders.values { await d.shutdown() }
         emitTotals()
         for o in observers.values { o.end() }
         observers = [:]
@@ -370,7 +370,8 @@ public actor DownloadManager {
         }
         if deleteFile, info.state == .completed { Self.deleteFile(of: info, root: configuration.root) }
         infos[id] = nil
-        if let i = sortedIndex(of: id), i < sortedIDs.count, sortedIDs[i] == id { sortedIDs.remove(at: i) }
+        let i = sortedIndex(of: id, after: false)
+        if i < sortedIDs.count, sortedIDs[i] == id { sortedIDs.remove(at: i) }
         keys[Key(info.url, info.destination)] = nil
         limiters[id] = nil
         queue.remove(id)
@@ -428,9 +429,19 @@ public actor DownloadManager {
     public func setProxies(_ rules: ProxyRules) {
         guard rules != transportOptions.proxies else { return }
         transportOptions.proxies = rules
-        retiredDownloaders.append(downloader)
+        let old = downloader
+        retiredDownloaders[ObjectIdentifier(old)] = old
         downloader = Downloader(options: engineOptions, transport: transportOptions)
+        // However often the setting changes, only the engines transfers still run on stay open.
+        let runs = running.values.map(\.task)
+        Task {
+            for run in runs { await run.value }
+            await old.shutdown()
+            self.forgetRetired(old)
+        }
     }
+
+    private func forgetRetired(_ d: Downloader) { retiredDownloaders[ObjectIdentifier(d)] = nil }
 
     /// The proxies transfers go through.
     public var proxies: ProxyRules { transportOptions.proxies }
@@ -535,7 +546,7 @@ public actor DownloadManager {
     /// Up to `limit` downloads in id order after `id` (from the first with nil), as they are now,
     /// with the number of the latest event they reflect, and the totals on the last page.
     public func snapshotPage(after id: DownloadID?, limit: Int) -> SnapshotPage {
-        let start = id.map { sortedIndex(after: $0) } ?? 0
+        let start = id.map { sortedIndex(of: $0, after: true) } ?? 0
         let ids = sortedIDs[start..<min(sortedIDs.count, start + max(1, limit))]
         let isLast = start + ids.count >= sortedIDs.count
         return SnapshotPage(downloads: ids.compactMap { infos[$0] }, isLast: isLast, seq: eventSeq,
@@ -561,29 +572,20 @@ public actor DownloadManager {
         continuation.onTermination = { _ in Task { await self.removeObserver(key) } }
     }
 
-    /// Where `id` is, or would be inserted, in `sortedIDs`.
-    func sortedIndex(of id: DownloadID) -> Int? {
+    /// By binary search in `sortedIDs`: where `id` is or would be inserted, or with `after`, the
+    /// index of the first id greater than `id`.
+    func sortedIndex(of id: DownloadID, after: Bool) -> Int {
         var lo = 0, hi = sortedIDs.count
         while lo < hi {
             let mid = (lo + hi) / 2
-            if sortedIDs[mid] < id { lo = mid + 1 } else { hi = mid }
-        }
-        return lo
-    }
-
-    /// The index of the first id greater than `id`.
-    func sortedIndex(after id: DownloadID) -> Int {
-        var lo = 0, hi = sortedIDs.count
-        while lo < hi {
-            let mid = (lo + hi) / 2
-            if sortedIDs[mid] <= id { lo = mid + 1 } else { hi = mid }
+            if sortedIDs[mid] < id || (after && sortedIDs[mid] == id) { lo = mid + 1 } else { hi = mid }
         }
         return lo
     }
 
     func insertSorted(_ id: DownloadID) {
         if let last = sortedIDs.last, last < id { sortedIDs.append(id); return }
-        let i = sortedIndex(of: id) ?? sortedIDs.count
+        let i = sortedIndex(of: id, after: false)
         if i < sortedIDs.count, sortedIDs[i] == id { return }
         sortedIDs.insert(id, at: i)
     }
