@@ -3,7 +3,8 @@
 
 Starts nginx, generates the files, runs every tool on every case several times in alternating
 order and prints the median wall time, CPU time (user+sys) and peak RSS of each, with ratios.
-Outputs go to tmpfs (/dev/shm) so that the disk is not what is measured.
+Outputs go to the disk (a folder under .build/, the file system named in each table) and, as a
+second column, to tmpfs (/dev/shm), where fsync costs nothing; `--fs disk` or `--fs tmpfs` runs one.
 
     swift build -c release && python3 Benchmarks/bench.py            # all cases, 5 runs
     python3 Benchmarks/bench.py --runs 3 --cases single,throttled     # a subset
@@ -101,13 +102,27 @@ def main():
     ap.add_argument("--pickup", default=os.path.join(ROOT, ".build/release/pickup"))
     ap.add_argument("--daemon-downloads", type=int, default=10_000, help="downloads in the daemon and events cases")
     ap.add_argument("--baseline", help="another pickup binary to run beside it (before and after a change)")
+    ap.add_argument("--fs", default="disk,tmpfs", help="where outputs go: disk (under .build/), tmpfs (/dev/shm), or both")
+    ap.add_argument("--disk-dir", default=os.path.join(ROOT, ".build", "bench-out"), help="the folder on the disk")
     args = ap.parse_args()
     if not os.path.exists(args.pickup):
         raise SystemExit("build first: swift build -c release")
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     work = tempfile.mkdtemp(prefix="pickup-bench-", dir=base)
-    site, outdir = os.path.join(work, "site"), os.path.join(work, "out")
-    os.makedirs(site), os.makedirs(outdir)
+    site = os.path.join(work, "site")
+    os.makedirs(site)
+    # Where each run's outputs go: the first is the one the ratios and the README use.
+    outdirs = {}
+    for fs in args.fs.split(","):
+        if fs == "disk":
+            os.makedirs(args.disk_dir, exist_ok=True)
+            d = tempfile.mkdtemp(prefix="out-", dir=args.disk_dir)
+        elif fs == "tmpfs":
+            d = tempfile.mkdtemp(prefix="out-", dir=base)
+        else:
+            raise SystemExit(f"--fs: disk or tmpfs, not {fs}")
+        outdirs[fs_type(d)] = d
+    first = next(iter(outdirs.values()))  # the daemon and limits cases write there
     wanted = args.cases.split(",")
     sizes = {}
     if {"daemon", "events"} & set(wanted):
@@ -139,62 +154,98 @@ def main():
         "skewed": ("one connection 10x slower (2 vs 20 MiB/s), 256 MiB, 16 connections", "/skewed/256m.bin", 16,
                    256 / (15 * 20 + 2)),
     }
-    print(f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, outputs on {base}, {args.runs} runs, medians")
+    where = ", ".join(f"{fs} ({d})" for fs, d in outdirs.items())
+    print(f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, outputs on {where}, {args.runs} runs, medians")
     try:
         for key in wanted:
             if key == "batch":
-                batch_case(args, work, site, outdir, base_url)
+                batch_case(args, work, site, outdirs, base_url)
                 continue
             if key == "queue":
                 queue_case(args)
                 continue
             if key == "daemon":
-                daemon_case(args, work, outdir, base_url, args.daemon_downloads)
+                daemon_case(args, work, first, base_url, args.daemon_downloads)
                 continue
             if key == "events":
-                events_case(args, work, outdir, base_url, args.daemon_downloads)
+                events_case(args, work, first, base_url, args.daemon_downloads)
                 continue
             if key == "limits":
-                limits_case(args, outdir, base_url)
+                limits_case(args, first, base_url)
                 continue
             title, path, conns, ideal = cases[key]
             name = os.path.basename(path)
-            out = os.path.join(outdir, name)
-            cmds = tools(args.pickup, conns, base_url + path, out, args.baseline)
-            results = {t: [] for t in cmds}
-            order = list(cmds)
+            results = {}
             for i in range(args.runs):
-                for tool in (order if i % 2 == 0 else list(reversed(order))):
-                    for leftover in os.listdir(outdir):
-                        os.remove(os.path.join(outdir, leftover))
-                    wall, cpu, rss, code = run(cmds[tool])
-                    ok = code == 0 and os.path.exists(out) and os.path.getsize(out) == sizes[name]
-                    if ok and i == 0:
-                        with open(out, "rb") as f:
-                            ok = hashlib.file_digest(f, "sha256").hexdigest() == digests[name]
-                    results[tool].append((wall, cpu, rss, ok))
+                # Alternating tools and file systems, so that neither order nor drift favours one.
+                for fs, d in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
+                    out = os.path.join(d, name)
+                    cmds = tools(args.pickup, conns, base_url + path, out, args.baseline)
+                    order = list(cmds)
+                    for tool in (order if i % 2 == 0 else list(reversed(order))):
+                        clear(d)
+                        wall, cpu, rss, code = run(cmds[tool])
+                        ok = code == 0 and os.path.exists(out) and os.path.getsize(out) == sizes[name]
+                        if ok and i == 0:
+                            with open(out, "rb") as f:
+                                ok = hashlib.file_digest(f, "sha256").hexdigest() == digests[name]
+                        results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok))
+                    clear(d)
             print_table(f"### {title}" + (f" (physical limit {ideal:.2f} s)" if ideal else ""), results, ideal)
     finally:
         nginx.kill()
         nginx.wait()
         shutil.rmtree(work, ignore_errors=True)
+        for d in outdirs.values():
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def clear(d):
+    for leftover in os.listdir(d):
+        path = os.path.join(d, leftover)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+def fs_type(path):
+    """The type of the file system `path` is on (from /proc/mounts; 'disk' where there is none)."""
+    path, best, kind = os.path.realpath(path), "", "disk"
+    try:
+        for line in open("/proc/mounts"):
+            fields = line.split()
+            mount = fields[1].replace("\\040", " ")
+            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                best, kind = mount, fields[2]
+    except OSError:
+        pass
+    return kind
 
 
 def print_table(title, results, ideal=None):
-    """Medians of (wall, cpu, rss, ok) runs per tool, as a Markdown table with ratios to pickup."""
+    """Medians of (wall, cpu, rss, ok) runs per tool and file system, as a Markdown table; the
+    ratios to pickup are on the first file system."""
     print(f"\n{title}")
-    print("| tool | wall s | CPU s | peak RSS MiB | wall vs pickup | CPU vs pickup | ok |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    med = {t: [statistics.median(x[k] for x in r) for k in range(3)] for t, r in results.items()}
-    pw, pc = med["pickup"][0], med["pickup"][1]
-    for tool, (w, c, m) in med.items():
-        okay = all(x[3] for x in results[tool])
-        extra = f" ({w / ideal:.2f}x limit)" if ideal else ""
-        print(f"| {tool} | {w:.2f}{extra} | {c:.2f} | {m:.0f} | {w / pw:.2f} | {c / pc if pc else 0:.2f} | {'yes' if okay else 'NO'} |")
+    systems = list(next(iter(results.values())))
+    head = "| tool | " + " | ".join(f"wall s {fs} | CPU s {fs}" for fs in systems)
+    print(head + f" | peak RSS MiB | wall vs pickup ({systems[0]}) | CPU vs pickup | ok |")
+    print("| --- " * (5 + 2 * len(systems)) + "|")
+    med = {t: {fs: [statistics.median(x[k] for x in r) for k in range(3)] for fs, r in per.items()}
+           for t, per in results.items()}
+    pw, pc = med["pickup"][systems[0]][0], med["pickup"][systems[0]][1]
+    for tool, per in med.items():
+        okay = all(x[3] for r in results[tool].values() for x in r)
+        cells = []
+        for fs in systems:
+            w, c, _ = per[fs]
+            cells.append(f"{w:.2f}" + (f" ({w / ideal:.2f}x limit)" if ideal else "") + f" | {c:.2f}")
+        w, c, m = per[systems[0]]
+        print(f"| {tool} | {' | '.join(cells)} | {m:.0f} | {w / pw:.2f} | {c / pc if pc else 0:.2f} | {'yes' if okay else 'NO'} |")
     sys.stdout.flush()
 
 
-def batch_case(args, work, site, outdir, base_url, count=400, size=64 * 1024, jobs=16):
+def batch_case(args, work, site, outdirs, base_url, count=400, size=64 * 1024, jobs=16):
     """Many small files: what each download costs beyond its bytes."""
     os.makedirs(os.path.join(site, "batch"))
     digests = {}
@@ -207,29 +258,31 @@ def batch_case(args, work, site, outdir, base_url, count=400, size=64 * 1024, jo
     with open(listing, "w") as f:
         f.write("".join(f"{base_url}/batch/{i}.bin\n" for i in range(count)))
     state = os.path.join(work, "state")
-    cmds = {"pickup": [args.pickup, "get", "-i", listing, "-d", outdir, "-j", str(jobs), "-q"]}
+    cmds = {"pickup": [args.pickup, "get", "-i", listing, "-d", "OUTDIR", "-j", str(jobs), "-q"]}
     if args.baseline:
         cmds["pickup-before"] = [args.baseline] + cmds["pickup"][1:]
     if shutil.which("aria2c"):
-        cmds["aria2c"] = ["aria2c", "-q", "-i", listing, f"-j{jobs}", "--file-allocation=none", "-d", outdir]
+        cmds["aria2c"] = ["aria2c", "-q", "-i", listing, f"-j{jobs}", "--file-allocation=none", "-d", "OUTDIR"]
     if shutil.which("wget"):
-        cmds["wget"] = ["wget", "-q", "-i", listing, "-P", outdir]
-    results = {t: [] for t in cmds}
+        cmds["wget"] = ["wget", "-q", "-i", listing, "-P", "OUTDIR"]
+    results = {}
     order = list(cmds)
     for i in range(args.runs):
-        for tool in (order if i % 2 == 0 else list(reversed(order))):
-            shutil.rmtree(outdir)
-            os.makedirs(outdir)
-            shutil.rmtree(state, ignore_errors=True)  # a new batch every run, not a resumed one
-            env = dict(os.environ, PICKUP_STATE_DIR=state)
-            wall, cpu, rss, code = run(cmds[tool], env=env)
-            names = sorted(n for n in os.listdir(outdir) if not n.startswith("."))
-            ok = code == 0 and len(names) == count
-            if ok and i == 0:
-                for n in names:
-                    with open(os.path.join(outdir, n), "rb") as f:
-                        ok = ok and hashlib.sha256(f.read()).hexdigest() == digests[n]
-            results[tool].append((wall, cpu, rss, ok))
+        for fs, outdir in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
+            for tool in (order if i % 2 == 0 else list(reversed(order))):
+                clear(outdir)
+                shutil.rmtree(state, ignore_errors=True)  # a new batch every run, not a resumed one
+                env = dict(os.environ, PICKUP_STATE_DIR=state)
+                cmd = [outdir if x == "OUTDIR" else x for x in cmds[tool]]
+                wall, cpu, rss, code = run(cmd, env=env)
+                names = sorted(n for n in os.listdir(outdir) if not n.startswith("."))
+                ok = code == 0 and len(names) == count
+                if ok and i == 0:
+                    for n in names:
+                        with open(os.path.join(outdir, n), "rb") as f:
+                            ok = ok and hashlib.sha256(f.read()).hexdigest() == digests[n]
+                results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok))
+            clear(outdir)
     print_table(f"### {count} files of {size // 1024} KiB, {jobs} at a time (wget: one at a time)", results)
 
 
@@ -252,7 +305,7 @@ LIMITS = [1024, 10 * 1024, 100 * 1024, 1024 * 1024]
 LIMIT_SECONDS = 8
 
 
-def limits_case(args, outdir, base_url):
+def limits_case(args, first, base_url):
     """`pickup get --limit-rate R` of a file of R x 8 bytes: the rate achieved against the limit."""
     print(f"\n### speed limits: a file of {LIMIT_SECONDS} s at the limit, one run each")
     print("| limit B/s | file | wall s | achieved B/s | achieved / limit |")

@@ -3,28 +3,46 @@ import Foundation
 
 /// Where one range is being written: the next byte and the limit, shared between the connection
 /// writing it and the engine (progress, checkpoints, splitting) through atomics.
-final class SegmentCursor: Sendable {
+///
+/// `position` lives in the range's slot of the download's ``CursorFile`` when there is one (the
+/// store that publishes a chunk is then also its record for a run after a kill), else on the heap.
+final class SegmentCursor: @unchecked Sendable {
     /// Index of the range in the scheduler (0 while there is none).
     let segment: Int
     /// First byte of the range.
     let start: Int64
     /// Next byte to write; every byte in `start..<position` is written (not necessarily durable).
-    let position: ManagedAtomic<Int64>
+    let position: UnsafeAtomic<Int64>
     /// One past the last byte to write; lowered when another connection takes over the tail.
     let end: ManagedAtomic<Int64>
+    /// Keeps the mapping that holds `position` alive (nil: `position` is this cursor's own).
+    private let mapping: CursorFile?
 
     /// When this connection started on the range, and where: for its speed.
     let began: Double
     let beganAt: Int64
 
-    init(segment: Int, start: Int64, position: Int64, end: Int64?) {
+    init(segment: Int, start: Int64, position: Int64, end: Int64?, in file: CursorFile? = nil) {
         self.segment = segment
         self.start = start
-        self.position = ManagedAtomic(position)
+        if let file, let slot = file.slot(segment, start: start, position: position) {
+            self.position = slot
+            mapping = file
+        } else {
+            self.position = .create(position)
+            mapping = nil
+        }
         self.end = ManagedAtomic(end ?? .max)
         began = Clock.monotonic()
         beganAt = position
     }
+
+    deinit {
+        if mapping == nil { position.destroy() }
+    }
+
+    /// Whether `position` is kept in a cursor file.
+    var isMapped: Bool { mapping != nil }
 
     /// Bytes per second since this cursor was created, or nil before there is anything to measure.
     func rate(now: Double) -> Double? {

@@ -41,8 +41,11 @@ public final class Downloader: Sendable {
         do {
             var options = options
             if let n = request.connections { options.connections = min(32, max(1, n)) }
-            let run = try FileDownload(request: request, options: options, transport: transport, monitor: monitor,
-                                   onEvent: onEvent)
+            let (transport, monitor, chosen) = (self.transport, self.monitor, options)
+            // Opening (and maybe creating) the directory blocks: not on Swift's cooperative pool.
+            let run = try await BlockingIO.run {
+                try FileDownload(request: request, options: chosen, transport: transport, monitor: monitor, onEvent: onEvent)
+            }
             return try await run.run()
         } catch let e as PickupError {
             throw e
@@ -76,6 +79,7 @@ public final class Downloader: Sendable {
             let dir = try? DirectoryHandle.open(directory, under: request.root, create: false)
         else { return }
         ControlFile.remove(control, in: dir)
+        dir.remove(FileDownload.cursorName(control: control))
         dir.remove(partial)
     }
 

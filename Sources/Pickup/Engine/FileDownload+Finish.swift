@@ -19,7 +19,8 @@ extension FileDownload {
             }
             raw = suggested ?? fromURL ?? "download"
         }
-        record.target = directory.appending(freeName(for: raw)).string
+        let target = directory.appending(freeName(for: raw)).string
+        control.update { $0.target = target }
     }
 
     /// `name`, else the first `name (n).ext` with nothing at it (nor at its partial file's name).
@@ -36,26 +37,34 @@ extension FileDownload {
         }
     }
 
-    /// Every byte is held: verify, record, rename into place, clean up.
+    /// Every byte is held: verify, record, rename into place, clean up. On the blocking-I/O pool,
+    /// after any checkpoint in flight: the data is made durable before the rename, so that after a
+    /// power loss the final name never holds missing bytes.
     func finish(file: PartialFile) throws -> (FilePath, Int64) {
-        let (size, rec) = try lock.withLock {
+        try ioLock.withLock { try finishLocked(file: file) }
+    }
+
+    private func finishLocked(file: PartialFile) throws -> (FilePath, Int64) {
+        let size = try lock.withLock { () throws -> Int64 in
             let size = record.totalLength ?? heldBytes()
             guard heldBytes() == size else {
                 throw PickupError.server(status: nil, "internal: finishing with \(heldBytes()) of \(size) bytes")
             }
-            if try file.size() > size { try file.truncate(to: size) }
-            try file.sync()
-            record.totalLength = size
-            record.segments = [SegmentRecord(start: 0, end: size, done: size)]
+            return size
+        }
+        if try file.size() > size { try file.truncate(to: size) }
+        try file.sync()
+        // Recorded as complete before verifying (a kill then costs a verification, not the
+        // bytes), unless no control file was ever needed (it all took less than a checkpoint).
+        let action = try lock.withLock { () throws -> Checkpoints.Action in
             cursors = [:]
             lastSeen = [:]
             scheduler = nil
             if record.target == nil { try chooseTarget(head: nil) }
-            // Recorded as complete before verifying (a kill then costs a verification, not the
-            // bytes), unless no control file was ever needed (it all took less than a checkpoint).
-            if controlOnDisk { try saveRecord() }
-            return (size, record)
+            return control.finishing(size: size)
         }
+        try perform(action, file: nil)
+        let rec = lock.withLock { record }
         var verified: ExpectedDigest? = nil
         for expected in [request.checksum, rec.serverDigest].compactMap({ $0 }) {
             let actual = try Self.digest(of: file, algorithm: expected.algorithm)
@@ -85,7 +94,8 @@ extension FileDownload {
             completion.name = name
             encoded = store.attach(completion, to: file)
         }
-        if lock.withLock({ controlOnDisk }) { ControlFile.remove(controlName, in: dir) }
+        if lock.withLock({ control.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
+        if lock.withLock({ cursorFile != nil }) { dir.remove(cursorName) }
         dir.sync()
         store.index(encoded, url: completion.url, directory: directory)
         return (dir.pathOf(name), size)

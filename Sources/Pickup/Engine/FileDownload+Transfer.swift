@@ -67,7 +67,7 @@ extension FileDownload {
                     throw PickupError.server(status: nil, "\(change.reason), again after starting over")
                 }
                 onEvent(.notice("\(change.reason); starting over from zero"))
-                try restartFromZero(file)
+                try await restartFromZero(file)
                 conditional = nil
             }
         }
@@ -111,7 +111,7 @@ extension FileDownload {
         lock.withLock {
             let i = record.segments.indices.first { record.segments[$0].done < (record.segments[$0].end ?? .max) - record.segments[$0].start } ?? 0
             let s = record.segments[i]
-            let cursor = SegmentCursor(segment: i, start: s.start, position: s.start + s.done, end: s.end)
+            let cursor = SegmentCursor(segment: i, start: s.start, position: s.start + s.done, end: s.end, in: cursorFile)
             cursors[i] = cursor
             scheduler?.claim(i, by: 0)
             return cursor
@@ -142,7 +142,7 @@ extension FileDownload {
             scheduler = s
             syncRecordShape()
             let seg = s.segments[a.segment]
-            let cursor = SegmentCursor(segment: a.segment, start: seg.start, position: seg.next, end: seg.end)
+            let cursor = SegmentCursor(segment: a.segment, start: seg.start, position: seg.next, end: seg.end, in: cursorFile)
             cursors[a.segment] = cursor
             return cursor
         }
@@ -191,12 +191,14 @@ extension FileDownload {
     /// Mirrors the scheduler's ranges (new ones, lowered ends) into the control record. With `lock` held.
     func syncRecordShape() {
         guard let s = scheduler else { return }
-        for (i, seg) in s.segments.enumerated() {
-            if i < record.segments.count {
-                record.segments[i].end = seg.end
-                record.segments[i].done = min(record.segments[i].done, seg.end - seg.start)
-            } else {
-                record.segments.append(SegmentRecord(start: seg.start, end: seg.end, done: 0))
+        control.update { record in
+            for (i, seg) in s.segments.enumerated() {
+                if i < record.segments.count {
+                    record.segments[i].end = seg.end
+                    record.segments[i].done = min(record.segments[i].done, seg.end - seg.start)
+                } else {
+                    record.segments.append(SegmentRecord(start: seg.start, end: seg.end, done: 0))
+                }
             }
         }
     }
@@ -230,7 +232,7 @@ extension FileDownload {
             if conditional == nil, offset >= end || (total != nil && offset >= total!) { return .done }
             if offset > 0, validators?.ifRange == nil, total == nil {
                 onEvent(.notice("the connection dropped and the server gives neither a validator nor a length, so the download must start again from zero"))
-                try restartFromZero(file)
+                try await restartFromZero(file)
                 cursor = firstCursor()
                 offset = 0
             }
@@ -324,7 +326,7 @@ extension FileDownload {
                 }
                 throw PickupError.network("\(failure) (gave up after \(failuresInRow) attempts without progress)")
             }
-            try? checkpoint()
+            checkpointSoon()
             onEvent(.notice("\(failure); retrying in \(String(format: "%.1f", delay)) s"))
             try await Task.sleep(nanoseconds: UInt64(delay * 1e9))
         }
@@ -367,9 +369,11 @@ extension FileDownload {
     func completeUnknownLength(_ cursor: SegmentCursor) {
         if record.totalLength == nil {
             let pos = cursor.position.load(ordering: .relaxed)
-            record.totalLength = pos
             cursor.end.store(pos, ordering: .relaxed)
-            record.segments[cursor.segment].end = pos
+            control.update { record in
+                record.totalLength = pos
+                record.segments[cursor.segment].end = pos
+            }
         }
     }
 
@@ -398,29 +402,45 @@ extension FileDownload {
     // MARK: - Called from the transport thread
 
     /// Applies a decision on a response head. Returns the cursor, offset and response end to write
-    /// the body with, or nil when the body is not file content.
+    /// the body with, or nil when the body is not file content. On the response's event loop;
+    /// the file-system calls it needs (the cursor file's mapping, preallocation, a truncation for a
+    /// 200) run outside `lock`, and the control file is written on the blocking-I/O pool.
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
                       cursor: SegmentCursor, latency: Double) throws -> (SegmentCursor, Int64, Int64?)? {
-        try lock.withLock {
-            self.latency = latency
-            guard let file else { return nil }
-            switch decision {
-            case .append(let at, let end, let total, let validators):
+        switch decision {
+        case .append(let at, let end, let total, let validators):
+            mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })
+            var more: AsyncStream<Void>.Continuation? = nil
+            var openMore = false, soon = false
+            var preallocate: (PartialFile, Int64)? = nil
+            let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
+                self.latency = latency
+                guard let file else { return nil }
+                var cursor = cursor
+                if let mapped = cursorFile, !cursor.isMapped {
+                    // From now on this range's progress is kept in the cursor file.
+                    cursor = SegmentCursor(segment: cursor.segment, start: cursor.start,
+                                           position: cursor.position.load(ordering: .relaxed),
+                                           end: cursor.end.load(ordering: .relaxed), in: mapped)
+                    cursors[cursor.segment] = cursor
+                }
                 let first = record.validators == nil || record.totalLength == nil && total != nil
                 if first {
-                    record.validators = validators
-                    record.totalLength = total
-                    if at == 0 || record.serverDigest == nil { record.serverDigest = Self.serverDigest(head) }
+                    control.update { r in
+                        r.validators = validators
+                        r.totalLength = total
+                        if at == 0 || r.serverDigest == nil { r.serverDigest = Self.serverDigest(head) }
+                    }
                 }
                 if scheduler == nil, let total {
-                    record.segments[cursor.segment].end = total
+                    control.update { $0.segments[cursor.segment].end = total }
                     cursor.end.store(min(cursor.end.load(ordering: .relaxed), total), ordering: .relaxed)
                     scheduler = makeScheduler(total: total, claiming: cursor.segment)
                 }
                 // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
                 if !connectionsDecided, var s = scheduler {
                     connectionsDecided = true
-                    if options.preallocate, try file.size() < s.total { try file.preallocate(s.total) }
+                    if options.preallocate { preallocate = (file, s.total) }
                     let parallel = options.connections > 1 && validators.ifRange != nil
                     if parallel {
                         s.plan(connections: options.connections)
@@ -435,38 +455,51 @@ extension FileDownload {
                             _ = tuner?.add(tunerSample(connections: running))
                             monitor.sampleOften()
                         }
-                        moreConnections?.yield()
+                        openMore = true
                     }
-                    moreConnections?.finish()
+                    more = moreConnections
                 }
                 if first || context.conditional {
                     if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                    try saveRecordSoon()
+                    soon = control.wantsStoreSoon
                 }
                 return (cursor, at, end)
-            case .replace(let total, let validators):
-                guard record.segments.count == 1, cursor.segment == 0 else {
-                    throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
-                }
-                if context.offset > 0 {
-                    onEvent(.notice("the server sent the whole file (200) instead of the rest; the held bytes are discarded"))
-                }
-                try file.truncate(to: 0)
-                keptFromStart = 0
-                record.validators = validators
-                record.totalLength = total
-                record.segments = [SegmentRecord(start: 0, end: total, done: 0)]
-                record.serverDigest = Self.serverDigest(head)
+            }
+            if let (file, total) = preallocate, try file.size() < total { try file.preallocate(total) }
+            if openMore { more?.yield() }
+            more?.finish()
+            if soon { storeSoon() }
+            return result
+        case .replace(let total, let validators):
+            let (ranges, file) = lock.withLock { (record.segments.count, self.file) }
+            guard let file else { return nil }
+            guard ranges == 1, cursor.segment == 0 else {
+                throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
+            }
+            if context.offset > 0 {
+                onEvent(.notice("the server sent the whole file (200) instead of the rest; the held bytes are discarded"))
+            }
+            mapCursorsIfLarge(total: total)
+            try discardHeld(file) { r in
+                r.validators = validators
+                r.totalLength = total
+                r.segments = [SegmentRecord(start: 0, end: total, done: 0)]
+                r.serverDigest = Self.serverDigest(head)
+            }
+            let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
+                self.latency = latency
                 scheduler = total.map { makeScheduler(total: $0, claiming: 0) }
-                moreConnections?.finish()
-                let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total)
+                let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total, in: cursorFile)
                 cursors = [0: fresh]
                 if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                try saveRecordSoon()
-                return (fresh, 0, total)
-            default:
-                return nil
+                return (fresh, moreConnections, control.wantsStoreSoon)
             }
+            more?.finish()
+            if soon { storeSoon() }
+            return (fresh, 0, total)
+        default:
+            lock.withLock { self.latency = latency }
+            return nil
         }
     }
 

@@ -21,6 +21,8 @@ final class FileDownload: @unchecked Sendable {
     let dir: DirectoryHandle
     let partialName: String
     let controlName: String
+    /// The ``CursorFile``'s name.
+    let cursorName: String
     var directory: FilePath { dir.path }
     var partialPath: FilePath { dir.pathOf(partialName) }
 
@@ -28,9 +30,18 @@ final class FileDownload: @unchecked Sendable {
     let transferred = ManagedAtomic<Int64>(0)
 
     let lock = NIOLock()
+    /// Taken around every write of the control file and every truncation of the partial file (on
+    /// the blocking-I/O pool), so that they happen one at a time and in order. The data path never
+    /// takes it; a thread holding it takes `lock` only briefly, never the other way round.
+    let ioLock = NIOLock()
     // Guarded by `lock`.
-    var record: ControlRecord
+    /// The control file's state machine: the record and what is on disk.
+    var control: Checkpoints
+    /// The record (``Checkpoints/record``).
+    var record: ControlRecord { control.record }
     var file: PartialFile?
+    /// The mapped cursors of this run, once the download is large enough to keep them.
+    var cursorFile: CursorFile?
     /// The range of every segment being (or last) written, by segment index.
     var cursors: [Int: SegmentCursor] = [:]
     /// Exists once the complete length is known.
@@ -59,10 +70,8 @@ final class FileDownload: @unchecked Sendable {
     let userHeaders: [RequestHeader]
     /// Cookies: the user's, and those servers set along the way (this run only).
     var jar: [Cookie]
-    /// Whether a control file of this download is on disk (loaded, or written by this run).
-    var controlOnDisk = false
-    /// Whether the record changed since it was last written.
-    var controlDirty = false
+    /// A checkpoint is queued or running on the blocking-I/O pool.
+    let checkpointQueued = ManagedAtomic(false)
 
     /// Connection `i` of this download asks for ``FetchRequest/lane`` `laneBase + i`: each keeps
     /// its own thread and socket from range to range, and downloads at once spread over the threads.
@@ -83,15 +92,22 @@ final class FileDownload: @unchecked Sendable {
         let (directory, partialName, controlName) = try Self.paths(for: request)
         self.partialName = partialName
         self.controlName = controlName
+        cursorName = Self.cursorName(control: controlName)
         dir = try DirectoryHandle.open(directory, under: request.root, create: true)
         var headers = request.options.headers
         if !headers.contains(where: { $0.name.lowercased() == "authorization" }),
             let basic = RequestOptions.credentials(in: request.url) { headers.append(basic) }
         userHeaders = headers
         jar = request.options.cookies
-        record = ControlRecord(url: request.url, target: nil, validators: nil, totalLength: nil,
-                               segments: [SegmentRecord(start: 0, end: nil, done: 0)])
+        control = Checkpoints(record: ControlRecord(url: request.url, target: nil, validators: nil, totalLength: nil,
+                                                    segments: [SegmentRecord(start: 0, end: nil, done: 0)],
+                                                    epoch: ControlRecord.newEpoch()))
         resolvedURL = request.url
+    }
+
+    /// The cursor file's name beside the control file `control`.
+    static func cursorName(control: String) -> String {
+        String(control.dropLast(SafeFileName.controlSuffix.count)) + SafeFileName.cursorSuffix
     }
 
     /// Where a request's bytes live until it finishes: the target's directory, the partial file's
@@ -124,34 +140,9 @@ final class FileDownload: @unchecked Sendable {
 
     func run() async throws -> DownloadResult {
         let started = Clock.monotonic()
-        // The partial file is opened and locked first, so that two processes never drive one download.
-        let file = try PartialFile(in: dir, name: partialName)
+        let (file, conditional, early) = try await BlockingIO.run { try self.prepare() }
         defer { file.close() }
-        guard file.lock() else { throw PickupError.busy(partialPath.string) }
-        // A finished file at this partial file's name (its completion record names it so, or is of
-        // another URL) is not ours to truncate. (Our own partial file carries this URL's record
-        // only between finishing and its rename.)
-        if let finished = store.attached(to: file.fd), finished.name == partialName || finished.url != request.url {
-            throw PickupError.invalidInput("\(partialPath) is a finished download, not a partial one; rename it and run again")
-        }
-        lock.withLock { self.file = file }
-        if request.restart {
-            ControlFile.remove(controlName, in: dir)
-            try file.truncate(to: 0)
-        }
-        var conditional: (FilePath, CompletionRecord)? = nil
-        if !loadControlFile() {
-            if let found = store.lookup(url: request.url, in: dir, name: fixedName) {
-                guard let v = found.1.validators, v.canRevalidate else {
-                    onEvent(.notice("already downloaded: \(found.0) (the server gave no validator to check it against)"))
-                    discardPartialIfEmpty()
-                    return DownloadResult(outcome: .unchanged, path: found.0, size: found.1.length,
-                                          bytesTransferred: 0, resumedFrom: found.1.length, elapsed: 0)
-                }
-                conditional = found
-            }
-        }
-        lock.withLock { keptFromStart = heldBytes() }
+        if let early { return early }
 
         startMonitoring()
         defer { stopMonitoring() }
@@ -160,20 +151,63 @@ final class FileDownload: @unchecked Sendable {
             stopMonitoring()
             if let (path, rec) = unchanged {
                 onEvent(.notice("already downloaded and unchanged on the server: \(path)"))
-                discardPartialIfEmpty()
+                try await BlockingIO.run { self.discardPartialIfEmpty() }
                 return DownloadResult(outcome: .unchanged, path: path, size: rec.length, bytesTransferred: 0,
                                       resumedFrom: rec.length, elapsed: Clock.monotonic() - started)
             }
-            let (path, size) = try finish(file: file)
+            let (path, size) = try await BlockingIO.run { try self.finish(file: file) }
             return DownloadResult(outcome: .downloaded, path: path, size: size,
                                   bytesTransferred: transferred.load(ordering: .relaxed),
                                   resumedFrom: lock.withLock { keptFromStart },
                                   elapsed: Clock.monotonic() - started)
         } catch {
             stopMonitoring()
-            try? checkpoint()
-            discardPartialIfEmpty()
+            // Runs even when the task is cancelled (the pool does not look at cancellation).
+            try? await BlockingIO.run {
+                try? self.checkpointNow()
+                self.discardPartialIfEmpty()
+            }
             if error is CancellationError { throw PickupError.interrupted }
+            throw error
+        }
+    }
+
+    /// The start of a run, on the blocking-I/O pool: opens and locks the partial file, loads the
+    /// control file (taking back what the cursors of a killed run vouch for), or looks for a
+    /// finished file to check. Returns the file, the finished file to ask about, and the result
+    /// when there is nothing to fetch.
+    func prepare() throws -> (PartialFile, (FilePath, CompletionRecord)?, DownloadResult?) {
+        // The partial file is opened and locked first, so that two processes never drive one download.
+        let file = try PartialFile(in: dir, name: partialName)
+        do {
+            guard file.lock() else { throw PickupError.busy(partialPath.string) }
+            // A finished file at this partial file's name (its completion record names it so, or is of
+            // another URL) is not ours to truncate. (Our own partial file carries this URL's record
+            // only between finishing and its rename.)
+            if let finished = store.attached(to: file.fd), finished.name == partialName || finished.url != request.url {
+                throw PickupError.invalidInput("\(partialPath) is a finished download, not a partial one; rename it and run again")
+            }
+            lock.withLock { self.file = file }
+            if request.restart {
+                removeControlFile()
+                try file.truncate(to: 0)
+            }
+            var conditional: (FilePath, CompletionRecord)? = nil
+            if try !loadControlFile(file) {
+                if let found = store.lookup(url: request.url, in: dir, name: fixedName) {
+                    guard let v = found.1.validators, v.canRevalidate else {
+                        onEvent(.notice("already downloaded: \(found.0) (the server gave no validator to check it against)"))
+                        discardPartialIfEmpty()
+                        return (file, nil, DownloadResult(outcome: .unchanged, path: found.0, size: found.1.length,
+                                                          bytesTransferred: 0, resumedFrom: found.1.length, elapsed: 0))
+                    }
+                    conditional = found
+                }
+            }
+            lock.withLock { keptFromStart = heldBytes() }
+            return (file, conditional, nil)
+        } catch {
+            file.close()
             throw error
         }
     }
@@ -184,8 +218,9 @@ final class FileDownload: @unchecked Sendable {
         return nil
     }
 
-    /// Loads a trustworthy control file for this URL; returns whether there is something to resume.
-    func loadControlFile() -> Bool {
+    /// Loads a trustworthy control file for this URL, with what the cursors of a run killed in this
+    /// boot add; returns whether there is something to resume. On the blocking-I/O pool, at the start.
+    func loadControlFile(_ file: PartialFile) throws -> Bool {
         let controlExists = dir.exists(controlName)
         let exists = controlExists || (dir.size(partialName) ?? 0) > 0
         guard let rec = ControlFile.load(controlName, in: dir) else {
@@ -194,10 +229,11 @@ final class FileDownload: @unchecked Sendable {
                     ? "the partial download's control file is damaged; starting over"
                     : "the partial download ended before its first checkpoint; starting over"))
                 discardAll()
+            } else if dir.exists(cursorName) {
+                dir.remove(cursorName)
             }
             return false
         }
-        let held = rec.durableBytes
         let extent = rec.segments.map { $0.start + $0.done }.max() ?? 0
         guard rec.url == request.url, let size = dir.size(partialName), size >= extent else {
             onEvent(.notice(rec.url == request.url
@@ -206,64 +242,52 @@ final class FileDownload: @unchecked Sendable {
             discardAll()
             return false
         }
-        if held > 0, rec.validators?.ifRange == nil, held != rec.totalLength {
+        let durable = rec.durableBytes
+        if durable > 0, rec.validators?.ifRange == nil, durable != rec.totalLength {
             onEvent(.notice("cannot resume safely: the server gave no strong validator (ETag or Last-Modified), so old and new bytes could be mixed; starting over"))
             discardAll()
             return false
         }
-        record = rec
-        controlOnDisk = true
-        scheduler = rec.totalLength.map { makeScheduler(total: $0, claiming: nil) }
+        lock.withLock { control.loaded(rec) }
+        // What the killed run's writers had written beyond the checkpoint, if this is the same boot.
+        let cursors = CursorFile.open(cursorName, in: dir)
+        if let cursors, let epoch = rec.epoch, let written = cursors.recovered(epoch: epoch),
+            written.allSatisfy({ $0.end <= size }) {
+            try ioLock.withLock { try perform(lock.withLock { control.recovered(written: written) }, file: file) }
+        }
+        let held = record.durableBytes
+        lock.withLock {
+            cursorFile = cursors
+            cursors?.reset(epoch: record.epoch ?? 0)
+            scheduler = record.totalLength.map { makeScheduler(total: $0, claiming: nil) }
+        }
         if held > 0 {
-            let total = rec.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
-            let parts = rec.segments.filter { $0.done < ($0.end ?? .max) - $0.start }.count
-            onEvent(.notice("resuming at \(ByteCount.format(held))\(total)" + (parts > 1 ? " in \(parts) ranges" : "")))
+            let total = record.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
+            let parts = record.segments.filter { $0.done < ($0.end ?? .max) - $0.start }.count
+            let since = held > durable ? " (\(ByteCount.format(held - durable)) of it written since the last checkpoint)" : ""
+            onEvent(.notice("resuming at \(ByteCount.format(held))\(total)" + (parts > 1 ? " in \(parts) ranges" : "") + since))
         }
         return true
+    }
+
+    /// A record of nothing held yet, with a new epoch.
+    static func emptyRecord(url: String) -> ControlRecord {
+        ControlRecord(url: url, target: nil, validators: nil, totalLength: nil,
+                      segments: [SegmentRecord(start: 0, end: nil, done: 0)], epoch: ControlRecord.newEpoch())
+    }
+
+    /// Removes the control file and the cursor file.
+    func removeControlFile() {
+        ControlFile.remove(controlName, in: dir)
+        dir.remove(cursorName)
+        lock.withLock { control.removed() }
     }
 
     /// Forgets the partial download: the control file goes; the open, locked partial file is emptied
     /// (unlinking it would leave this run writing to a file with no name).
     func discardAll() {
-        ControlFile.remove(controlName, in: dir)
-        controlOnDisk = false
-        if let file { try? file.truncate(to: 0) } else { dir.remove(partialName) }
-    }
-
-    /// Drops every held byte and records that, durably, before any new byte is written.
-    func restartFromZero(_ file: PartialFile) throws {
-        try lock.withLock {
-            try file.truncate(to: 0)
-            keptFromStart = 0
-            cursors = [:]
-            lastSeen = [:]
-            scheduler = nil
-            keeper = nil
-            record.validators = nil
-            record.totalLength = nil
-            record.serverDigest = nil
-            record.segments = [SegmentRecord(start: 0, end: nil, done: 0)]
-            try saveRecordSoon()
-        }
-    }
-
-    /// Writes the control file now. Called with `lock` held.
-    func saveRecord() throws {
-        try ControlFile.store(record, as: controlName, in: dir)
-        controlOnDisk = true
-        controlDirty = false
-    }
-
-    /// Files up to this length get their first control file at the first checkpoint, not at the
-    /// first response: most end before it and never write one. Larger files write it at once, so
-    /// that it exists before the disk can fill (then it is rewritten in place, keeping the bytes).
-    static let smallFile: Int64 = 1 << 20
-
-    /// Writes the control file now if one is on disk (it must never contradict the bytes) or the
-    /// file is not small; else at the first checkpoint (a kill before then loses at most that
-    /// interval, as any kill does). Called with `lock` held.
-    func saveRecordSoon() throws {
-        if controlOnDisk || (record.totalLength ?? .max) > Self.smallFile { try saveRecord() } else { controlDirty = true }
+        removeControlFile()
+        if let file = lock.withLock({ file }) { try? file.truncate(to: 0) } else { dir.remove(partialName) }
     }
 
     /// The user's fields and the matching cookies for a request to `url` (secrets only to the
@@ -289,27 +313,12 @@ final class FileDownload: @unchecked Sendable {
         }
     }
 
-    // MARK: - Checkpoints and progress
+    // MARK: - Progress
 
     /// Bytes held: written in live ranges, durable in the others. Called with `lock` held.
     func heldBytes() -> Int64 {
         record.segments.indices.reduce(0) { sum, i in
             sum + max(record.segments[i].done, cursors[i]?.written ?? 0)
-        }
-    }
-
-    /// Makes written bytes durable, then records them: data first, control file second.
-    func checkpoint() throws {
-        try lock.withLock {
-            guard let file else { return }
-            let written = cursors.filter { record.segments.indices.contains($0.key) }.mapValues { $0.written }
-            guard controlDirty || written.contains(where: { $0.value > record.segments[$0.key].done }) else { return }
-            try file.sync()
-            for (i, w) in written where w > record.segments[i].done {
-                record.segments[i].done = w
-                scheduler?.report(i, done: w)
-            }
-            try saveRecord()
         }
     }
 
@@ -354,7 +363,7 @@ final class FileDownload: @unchecked Sendable {
             }
             if now - ticks.lastCheckpoint >= options.checkpointInterval {
                 ticks.lastCheckpoint = now
-                try? checkpoint()
+                checkpointSoon()
             }
             tune()
             return now - ticks.started < 1 && lock.withLock { tuner != nil && tuner?.phase != .settled }
@@ -404,10 +413,11 @@ final class FileDownload: @unchecked Sendable {
         }
     }
 
+    /// Removes the partial file and its helpers when they hold nothing. On the blocking-I/O pool.
     func discardPartialIfEmpty() {
-        lock.withLock {
-            if heldBytes() == 0 {
-                ControlFile.remove(controlName, in: dir)
+        ioLock.withLock {
+            if lock.withLock({ heldBytes() }) == 0 {
+                removeControlFile()
                 dir.remove(partialName)
             }
         }

@@ -105,12 +105,15 @@ public enum SafeFileName {
     public static let partialSuffix = ".pickup-part"
     /// Its control file is `NAME.pickup-ctl` (replaced through `NAME.pickup-ctl.tmp`).
     public static let controlSuffix = ".pickup-ctl"
+    /// The suffix of the mapped cursors beside a partial file (see the engine's `CursorFile`).
+    public static let cursorSuffix = ".pickup-pos"
     /// The longest file name, in UTF-8 bytes: 255 less the longest helper suffix (`.pickup-ctl.tmp`).
     public static let maxBytes = 255 - controlSuffix.utf8.count - 4
 
     /// Whether `name` is the name of one of Pickup's helper files.
     public static func isHelperName(_ name: String) -> Bool {
         name.hasSuffix(partialSuffix) || name.hasSuffix(controlSuffix) || name.hasSuffix(controlSuffix + ".tmp")
+            || name.hasSuffix(cursorSuffix)
     }
 
     /// Checks a name the user gave for the finished file (`-o`, `out=`, the daemon's `name`).
@@ -120,7 +123,7 @@ public enum SafeFileName {
             throw .invalidInput("the file name is \(name.utf8.count) bytes long; at most \(maxBytes) fit beside its helper files")
         }
         if isHelperName(name) {
-            throw .invalidInput("'\(name)' ends like one of pickup's helper files (\(partialSuffix), \(controlSuffix)); choose another name")
+            throw .invalidInput("'\(name)' ends like one of pickup's helper files (\(partialSuffix), \(controlSuffix), \(cursorSuffix)); choose another name")
         }
     }
 

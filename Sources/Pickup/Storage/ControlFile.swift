@@ -33,11 +33,14 @@ public struct ControlRecord: Codable, Equatable, Sendable {
     public var segments: [SegmentRecord]
     /// A digest the server announced for the whole representation.
     public var serverDigest: ExpectedDigest?
+    /// Names the bytes' representation for the ``CursorFile`` beside the partial file: new
+    /// whenever the held bytes are discarded, so that slots written for other bytes never count.
+    public var epoch: UInt64?
 
     /// A record.
     public init(
         url: String, target: String?, validators: Validators?, totalLength: Int64?, segments: [SegmentRecord],
-        serverDigest: ExpectedDigest? = nil
+        serverDigest: ExpectedDigest? = nil, epoch: UInt64? = nil
     ) {
         self.url = url
         self.target = target
@@ -45,7 +48,11 @@ public struct ControlRecord: Codable, Equatable, Sendable {
         self.totalLength = totalLength
         self.segments = segments
         self.serverDigest = serverDigest
+        self.epoch = epoch
     }
+
+    /// A new ``epoch`` (exact in JSON: below 2^53).
+    static func newEpoch() -> UInt64 { UInt64.random(in: 1..<(1 << 53)) }
 
     /// Bytes durably held in all segments.
     public var durableBytes: Int64 { segments.reduce(0) { $0 + $1.done } }
@@ -105,11 +112,13 @@ public enum ControlFile {
         return decode(data)
     }
 
-    /// Replaces the control file atomically and durably.
-    static func store(_ record: ControlRecord, as name: String, in directory: DirectoryHandle) throws(PickupError) {
+    /// Replaces the control file atomically; `durable`: and durably (fsync of the file and the
+    /// directory). A record that claims no bytes needs no fsync.
+    static func store(_ record: ControlRecord, as name: String, in directory: DirectoryHandle,
+                      durable: Bool = true) throws(PickupError) {
         let bytes = encode(record)
         do {
-            try replace(bytes, as: name, in: directory)
+            try replace(bytes, as: name, in: directory, durable: durable)
         } catch {
             guard case .fileSystem(_, .noSpace) = error else { throw error }
             try overwriteInPlace(bytes, as: name, in: directory, original: error)
@@ -117,21 +126,22 @@ public enum ControlFile {
     }
 
     /// A new temp file (never through a symlink: any entry at its name is removed first and the
-    /// file is created exclusively), fsync, rename over the control file, fsync of the directory.
-    static func replace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle) throws(PickupError) {
+    /// file is created exclusively), fsync, rename over the control file, fsync of the directory
+    /// (without the fsyncs unless `durable`).
+    static func replace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle, durable: Bool = true) throws(PickupError) {
         let tmp = name + ".tmp"
         directory.remove(tmp)
         let fd = try directory.openFile(tmp, write: true, create: true, exclusive: true, mode: 0o600)
         do {
             defer { try? fd.close() }
             _ = try fd.writeAll(bytes)
-            try FS.fsync(fd)
+            if durable { try FS.fsync(fd) }
         } catch {
             directory.remove(tmp)
             throw .io(directory.pathOf(tmp).string, error)
         }
         try directory.rename(tmp, to: name)
-        directory.sync()
+        if durable { directory.sync() }
     }
 
     /// The disk is full: rewrite the existing file within its own blocks, if it is large enough.

@@ -1,0 +1,102 @@
+import Foundation
+
+/// The control file's writes and the partial file's fsyncs, carried out for ``Checkpoints`` on the
+/// blocking-I/O pool (``BlockingIO``), outside `lock`, one at a time under `ioLock`. The data path
+/// never waits for them.
+extension FileDownload {
+    /// Carries out `action`. With `ioLock` held, not `lock`.
+    func perform(_ action: Checkpoints.Action, file: PartialFile?) throws(PickupError) {
+        switch action {
+        case .none:
+            return
+        case .store(let record, let version, let durable):
+            try ControlFile.store(record, as: controlName, in: dir, durable: durable)
+            lock.withLock { control.stored(record, version: version) }
+        case .syncAndStore(let record, let version):
+            try file?.sync()
+            try ControlFile.store(record, as: controlName, in: dir, durable: true)
+            lock.withLock {
+                control.stored(record, version: version)
+                for (i, s) in self.record.segments.enumerated() where scheduler?.segments.indices.contains(i) == true {
+                    scheduler?.report(i, done: s.done)
+                }
+            }
+        }
+    }
+
+    /// Makes the bytes written so far durable and records them: data first, control file second.
+    /// Waits for a checkpoint in flight. On the blocking-I/O pool.
+    func checkpointNow() throws {
+        try ioLock.withLock {
+            let (action, file) = lock.withLock { (control.checkpoint(written: writtenByRange()), self.file) }
+            try perform(action, file: file)
+        }
+    }
+
+    /// Bytes written in each live range, by range index. With `lock` held.
+    func writtenByRange() -> [Int: Int64] {
+        cursors.filter { record.segments.indices.contains($0.key) }.mapValues { $0.written }
+    }
+
+    /// Queues a checkpoint on the blocking-I/O pool unless one is queued or running already.
+    func checkpointSoon() {
+        guard !checkpointQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        BlockingIO.submit {
+            try? self.checkpointNow()
+            self.checkpointQueued.store(false, ordering: .releasing)
+        }
+    }
+
+    /// Writes the record as it is then, without fsync (it claims nothing new), on the pool.
+    func storeSoon() {
+        BlockingIO.submit {
+            self.ioLock.withLock {
+                try? self.perform(self.lock.withLock { self.control.storeNow() }, file: nil)
+            }
+        }
+    }
+
+    /// Drops every held byte for a new representation (`reset` describes it) and, when the
+    /// control file on disk claims bytes, replaces it durably before returning: no byte of the new
+    /// representation is written before. The cursors start again. Called where no connection is
+    /// writing, on a thread that may block (the pool, or the response's own event loop for a 200
+    /// to a resume), never with `lock` held.
+    func discardHeld(_ file: PartialFile, reset: (inout ControlRecord) -> Void) throws {
+        try ioLock.withLock {
+            try file.truncate(to: 0)
+            let action = lock.withLock { () -> Checkpoints.Action in
+                keptFromStart = 0
+                cursors = [:]
+                lastSeen = [:]
+                keeper = nil
+                scheduler = nil
+                return control.restarted(reset)
+            }
+            try perform(action, file: nil)
+            let (mapped, epoch) = lock.withLock { (self.cursorFile, self.record.epoch ?? 0) }
+            mapped?.reset(epoch: epoch)
+        }
+    }
+
+    /// Starts over from zero after the representation changed (or cannot be resumed).
+    func restartFromZero(_ file: PartialFile) async throws {
+        try await BlockingIO.run {
+            try self.discardHeld(file) { record in
+                record.validators = nil
+                record.totalLength = nil
+                record.serverDigest = nil
+                record.segments = [SegmentRecord(start: 0, end: nil, done: 0)]
+            }
+        }
+    }
+
+    /// Maps the cursor file when a download turns out large enough to keep one (see
+    /// ``Checkpoints/smallFile``); resumed downloads map it when they start. On the response's
+    /// event loop, before its body is written, not with `lock` held.
+    func mapCursorsIfLarge(total: Int64?) {
+        guard (total ?? .max) > Checkpoints.smallFile, lock.withLock({ cursorFile == nil }) else { return }
+        guard let mapped = CursorFile.open(cursorName, in: dir) else { return }
+        mapped.reset(epoch: lock.withLock { record.epoch ?? 0 })
+        lock.withLock { if cursorFile == nil { cursorFile = mapped } }
+    }
+}
