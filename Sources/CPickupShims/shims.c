@@ -41,3 +41,10 @@ int pickup_renameat_noreplace(int fromdir, const char *from, int todir, const ch
 int pickup_openat(int dirfd, const char *path, int flags, unsigned int mode) {
     return openat(dirfd, path, flags, (mode_t)mode);
 }
+
+#include <unistd.h>
+#if defined(__linux__)
+int pickup_syncfs(int fd) { return syncfs(fd); }
+#else
+int pickup_syncfs(int fd) { errno = ENOSYS; return -1; }
+#endif

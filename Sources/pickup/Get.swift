@@ -209,8 +209,8 @@ struct EngineFlags: ParsableArguments {
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout
         let env = ProcessInfo.processInfo.environment
-        transport.extraTrustRoots = [caCertificate, env["SSL_CERT_FILE"]].compactMap { $0 }
-            .filter { (try? HTTPClientTransport.checkCertificates($0)) != nil }
+        transport.extraTrustRoots = (caCertificate.map { [$0] } ?? [])
+            + [env["SSL_CERT_FILE"]].compactMap { $0 }.filter(HTTPClientTransport.looksLikePEM)
             + (env["SSL_CERT_DIR"].map { HTTPClientTransport.certificateFiles(in: $0) } ?? [])
         transport.proxies = (try? ProxyRules.resolve(proxy: proxy, noProxy: noproxy,
                                                      environment: ProcessInfo.processInfo.environment)) ?? ProxyRules()

@@ -42,11 +42,12 @@ public final class Downloader: Sendable {
             var options = options
             if let n = request.connections { options.connections = min(32, max(1, n)) }
             let (transport, monitor, chosen) = (self.transport, self.monitor, options)
-            // Opening (and maybe creating) the directory blocks: not on Swift's cooperative pool.
-            let run = try await BlockingIO.run {
-                try FileDownload(request: request, options: chosen, transport: transport, monitor: monitor, onEvent: onEvent)
+            // Opening the directory and the files blocks: not on Swift's cooperative pool.
+            let (run, prepared) = try await BlockingIO.run {
+                let run = try FileDownload(request: request, options: chosen, transport: transport, monitor: monitor, onEvent: onEvent)
+                return (run, try run.prepare())
             }
-            return try await run.run()
+            return try await run.run(prepared)
         } catch let e as PickupError {
             throw e
         } catch is CancellationError {

@@ -53,7 +53,7 @@ extension FileDownload {
             return size
         }
         if try file.size() > size { try file.truncate(to: size) }
-        try file.sync()
+        try file.syncInGroup()
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).
         let action = try lock.withLock { () throws -> Checkpoints.Action in
@@ -96,7 +96,7 @@ extension FileDownload {
         }
         if lock.withLock({ control.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
         if lock.withLock({ cursorFile != nil }) { dir.remove(cursorName) }
-        dir.sync()
+        dir.syncInGroup()
         store.index(encoded, url: completion.url, directory: directory)
         return (dir.pathOf(name), size)
     }

@@ -138,11 +138,20 @@ final class FileDownload: @unchecked Sendable {
 
     // MARK: - The run
 
-    func run() async throws -> DownloadResult {
+    /// What ``prepare()`` found: the open partial file, a finished file to ask about, or the
+    /// result when there is nothing to fetch.
+    struct Prepared: @unchecked Sendable {
+        let file: PartialFile
+        let conditional: (FilePath, CompletionRecord)?
+        let early: DownloadResult?
+    }
+
+    /// The run, after ``prepare()`` (which the caller runs on the blocking-I/O pool).
+    func run(_ prepared: Prepared) async throws -> DownloadResult {
         let started = Clock.monotonic()
-        let (file, conditional, early) = try await BlockingIO.run { try self.prepare() }
+        let (file, conditional) = (prepared.file, prepared.conditional)
         defer { file.close() }
-        if let early { return early }
+        if let early = prepared.early { return early }
 
         startMonitoring()
         defer { stopMonitoring() }
@@ -174,9 +183,8 @@ final class FileDownload: @unchecked Sendable {
 
     /// The start of a run, on the blocking-I/O pool: opens and locks the partial file, loads the
     /// control file (taking back what the cursors of a killed run vouch for), or looks for a
-    /// finished file to check. Returns the file, the finished file to ask about, and the result
-    /// when there is nothing to fetch.
-    func prepare() throws -> (PartialFile, (FilePath, CompletionRecord)?, DownloadResult?) {
+    /// finished file to check.
+    func prepare() throws -> Prepared {
         // The partial file is opened and locked first, so that two processes never drive one download.
         let file = try PartialFile(in: dir, name: partialName)
         do {
@@ -198,14 +206,15 @@ final class FileDownload: @unchecked Sendable {
                     guard let v = found.1.validators, v.canRevalidate else {
                         onEvent(.notice("already downloaded: \(found.0) (the server gave no validator to check it against)"))
                         discardPartialIfEmpty()
-                        return (file, nil, DownloadResult(outcome: .unchanged, path: found.0, size: found.1.length,
-                                                          bytesTransferred: 0, resumedFrom: found.1.length, elapsed: 0))
+                        return Prepared(file: file, conditional: nil, early: DownloadResult(
+                            outcome: .unchanged, path: found.0, size: found.1.length, bytesTransferred: 0,
+                            resumedFrom: found.1.length, elapsed: 0))
                     }
                     conditional = found
                 }
             }
             lock.withLock { keptFromStart = heldBytes() }
-            return (file, conditional, nil)
+            return Prepared(file: file, conditional: conditional, early: nil)
         } catch {
             file.close()
             throw error

@@ -68,31 +68,28 @@ public struct CompletionStore: Sendable {
     /// A store in `stateDirectory`.
     public init(stateDirectory: FilePath) { self.stateDirectory = stateDirectory }
 
-    func indexPath(directory: FilePath, url: String) -> FilePath {
-        let key = Hex.encode(Array(SHA256.hash(data: Array("\(directory.string)\n\(url)".utf8)))).prefix(32)
-        return stateDirectory.appending("completed").appending("\(key).json")
+    /// The index is 16 append-only files in `completed/` (`index-0.log` ... `index-f.log`), a
+    /// line per entry: the entry's key (a hash of the directory and the URL), a space, and the
+    /// record's JSON, or `-` once the entry is dropped; the last line of a key wins. Appending to a
+    /// file that exists creates no inode (a file per entry made a batch of small files spend most of
+    /// its CPU in the file system allocating them), and a lookup reads one sixteenth of the index.
+    static let bucketCount = 16
+
+    static func key(directory: FilePath, url: String) -> String {
+        String(Hex.encode(Array(SHA256.hash(data: Array("\(directory.string)\n\(url)".utf8)))).prefix(32))
     }
 
-    /// Attaches the record to the open file (before its rename), where extended attributes exist;
-    /// returns its encoding, for ``index(_:url:directory:)``.
-    @discardableResult
-    func attach(_ record: CompletionRecord, to file: PartialFile) -> [UInt8] {
-        let data = record.json
-        _ = data.withUnsafeBytes { pickup_fsetxattr(file.fd.rawValue, Self.attribute, $0.baseAddress, $0.count) }
-        return data
+    func bucket(of key: String) -> FilePath {
+        stateDirectory.appending("completed").appending("index-\(key.prefix(1)).log")
     }
 
-    /// Records the finished file (its encoded record) in the state directory (best effort: the file
-    /// itself is done).
-    func index(_ data: [UInt8], url: String, directory: FilePath) {
-        let path = indexPath(directory: directory, url: url)
-        // Written in place, not renamed or fsynced: the finished file carries its own record (an
-        // extended attribute), and an entry lost or torn by a crash reads as no entry, which only
-        // costs a conditional request later.
+    /// Appends `line` to the bucket (one `write`, with O_APPEND: lines of concurrent writers do not
+    /// interleave). Best effort: an entry lost or torn by a crash reads as no entry, which only
+    /// costs a conditional request later.
+    func append(_ line: [UInt8], to path: FilePath) {
         func write() throws {
-            let fd = try FileDescriptor.open(path, .writeOnly, options: [.create, .truncate, .closeOnExec],
-                                             permissions: [.ownerReadWrite])
-            _ = try fd.closeAfter { try fd.writeAll(data) }
+            let fd = try FileDescriptor.open(path, .writeOnly, options: [.create, .append, .closeOnExec], permissions: [.ownerReadWrite])
+            _ = try fd.closeAfter { try fd.writeAll(line) }
         }
         do {
             try write()
@@ -102,37 +99,82 @@ public struct CompletionStore: Sendable {
             try? FS.makeDirectories(path.removingLastComponent())
             try? write()
         }
-        // Now and then (one finished file in 32, so about three per cent of the entries' count in
-        // reads per file on average), drop the entries whose file is gone: the index stays in
-        // proportion to the files that still exist. On a Dispatch queue, not on Swift's cooperative
-        // pool: it reads every entry. (Cut short by the process ending, it has deleted only
-        // entries it checked.)
+    }
+
+    /// The entries of a bucket file, the last one of each key, in file order (a key's `-` drops it).
+    static func entries(of path: FilePath) -> [(key: String, json: ArraySlice<UInt8>)] {
+        guard let data = FS.readFile(path, limit: 256 << 20) else { return [] }
+        var latest: [String: Int] = [:]
+        var list: [(key: String, json: ArraySlice<UInt8>)] = []
+        for line in data.split(separator: UInt8(ascii: "\n")) {
+            guard line.count > 33, line[line.startIndex + 32] == UInt8(ascii: " ") else { continue }
+            let key = String(decoding: line.prefix(32), as: UTF8.self)
+            let json = line.dropFirst(33)
+            if let i = latest[key] { list[i].json = json } else {
+                latest[key] = list.count
+                list.append((key, json))
+            }
+        }
+        return list.filter { $0.json != [UInt8(ascii: "-")] }
+    }
+
+    /// Records the finished file (its encoded record) in the index. Now and then (one finished file
+    /// in 32) a bucket is compacted: entries whose file is gone are dropped, so the index stays in
+    /// proportion to the files that still exist. On a Dispatch queue, not on Swift's cooperative
+    /// pool: it reads a bucket.
+    func index(_ data: [UInt8], url: String, directory: FilePath) {
+        let key = Self.key(directory: directory, url: url)
+        append(Array((key + " ").utf8) + data + [UInt8(ascii: "\n")], to: bucket(of: key))
         if UInt8.random(in: 0..<32) == 0 {
-            let store = self
-            DispatchQueue.global(qos: .utility).async { _ = store.sweep() }
+            let store = self, path = bucket(of: key)
+            DispatchQueue.global(qos: .utility).async { _ = store.compact(path) }
         }
     }
 
-    /// Deletes every index entry whose file is no longer in its directory with its length (or
-    /// that cannot be read). Returns how many entries remain.
+    /// Compacts every bucket (see ``index(_:url:directory:)``). Returns how many entries remain.
     @discardableResult
     public func sweep() -> Int {
-        let folder = stateDirectory.appending("completed")
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder.string) else { return 0 }
-        var kept = 0
-        for name in names where name.hasSuffix(".json") {
-            let entry = folder.appending(name)
-            guard let data = FS.readFile(entry, limit: 65536),
-                let rec = try? JSONDecoder().decode(CompletionRecord.self, from: Data(data)),
+        "0123456789abcdef".reduce(0) { $0 + compact(stateDirectory.appending("completed").appending("index-\($1).log")) }
+    }
+
+    /// Rewrites a bucket with the entries whose file is still in its directory with its length.
+    /// Returns how many remain. (An entry appended by another process while this runs may be lost:
+    /// best effort, as above.)
+    func compact(_ path: FilePath) -> Int {
+        let entries = Self.entries(of: path)
+        guard !entries.isEmpty || FS.size(path) != nil else { return 0 }
+        var kept: [UInt8] = []
+        var count = 0
+        for (key, json) in entries {
+            guard let rec = try? JSONDecoder().decode(CompletionRecord.self, from: Data(json)),
                 let directory = rec.directory,
                 FS.size(FilePath(directory).appending(rec.name)) == rec.length
-            else {
-                FS.remove(entry)
-                continue
-            }
-            kept += 1
+            else { continue }
+            kept += Array((key + " ").utf8) + json + [UInt8(ascii: "\n")]
+            count += 1
         }
-        return kept
+        let tmp = FilePath(path.string + ".\(UInt32.random(in: 0...UInt32.max)).tmp")
+        guard let fd = try? FileDescriptor.open(tmp, .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec],
+                                                permissions: [.ownerReadWrite])
+        else { return count }
+        let written = (try? fd.closeAfter { try fd.writeAll(kept) }) != nil
+        if !written || rename(tmp.string, path.string) != 0 { FS.remove(tmp) }
+        return count
+    }
+
+    /// The index's latest entry for `key`, if any.
+    func indexed(_ key: String) -> CompletionRecord? {
+        guard let entry = Self.entries(of: bucket(of: key)).last(where: { $0.key == key }) else { return nil }
+        return try? JSONDecoder().decode(CompletionRecord.self, from: Data(entry.json))
+    }
+
+    /// Attaches the record to the open file (before its rename), where extended attributes exist;
+    /// returns its encoding, for ``index(_:url:directory:)``.
+    @discardableResult
+    func attach(_ record: CompletionRecord, to file: PartialFile) -> [UInt8] {
+        let data = record.json
+        _ = data.withUnsafeBytes { pickup_fsetxattr(file.fd.rawValue, Self.attribute, $0.baseAddress, $0.count) }
+        return data
     }
 
     /// The record stored on an open file, if any.
@@ -149,14 +191,9 @@ public struct CompletionStore: Sendable {
     /// or replaced is deleted.
     func lookup(url: String, in directory: DirectoryHandle, name: String?) -> (FilePath, CompletionRecord)? {
         var candidates: [(String, CompletionRecord?)] = []
-        let entry = indexPath(directory: directory.path, url: url)
-        var indexed: CompletionRecord? = nil
-        if let data = FS.readFile(entry, limit: 65536),
-            let rec = try? JSONDecoder().decode(CompletionRecord.self, from: Data(data))
-        {
-            indexed = rec
-            if name == nil || rec.name == name { candidates.append((rec.name, rec)) }
-        }
+        let key = Self.key(directory: directory.path, url: url)
+        let indexed = self.indexed(key)
+        if let rec = indexed, name == nil || rec.name == name { candidates.append((rec.name, rec)) }
         if let name, !candidates.contains(where: { $0.0 == name }) { candidates.append((name, nil)) }
         for (name, indexed) in candidates {
             guard let fd = try? directory.openFile(name, write: false) else { continue }
@@ -166,7 +203,7 @@ public struct CompletionStore: Sendable {
             if let rec = indexed, rec.length == size, rec.mtime == FS.mtime(fd) { return (directory.pathOf(name), rec) }
         }
         // The indexed file is gone or is another file now: the entry is of no more use.
-        if let indexed, name == nil || indexed.name == name { FS.remove(entry) }
+        if let indexed, name == nil || indexed.name == name { append(Array((key + " -\n").utf8), to: bucket(of: key)) }
         return nil
     }
 }

@@ -57,6 +57,12 @@ public final class PartialFile: Sendable {
         do { try FS.fsync(fd) } catch { throw .io(path.string, error) }
     }
 
+    /// The same, shared with the other files finishing at the same time (``FlushGroup``).
+    func syncInGroup() throws(PickupError) {
+        if FlushGroup.mode == "each" { return try sync() }
+        do { try FlushGroup.shared.sync(fd) } catch { throw .io(path.string, error) }
+    }
+
     /// The current size on disk.
     public func size() throws(PickupError) -> Int64 {
         do {
@@ -109,6 +115,7 @@ public final class PartialFile: Sendable {
 
 /// Small file-system helpers with the same error type as the rest of the engine.
 enum FS {
+
     /// fsync, or on Apple platforms F_FULLFSYNC, which also flushes the drive's cache.
     static func fsync(_ fd: FileDescriptor) throws(Errno) {
         #if canImport(Darwin)
@@ -156,6 +163,15 @@ enum FS {
         guard let fd = try? FileDescriptor.open(path, .readOnly, options: [.closeOnExec]) else { return nil }
         defer { try? fd.close() }
         return readAll(fd, limit: limit)
+    }
+
+    /// The first `count` bytes of a file (fewer if it is shorter); nil when it cannot be read.
+    static func readPrefix(_ path: FilePath, count: Int) -> [UInt8]? {
+        guard let fd = try? FileDescriptor.open(path, .readOnly, options: [.closeOnExec]) else { return nil }
+        defer { try? fd.close() }
+        var bytes = [UInt8](repeating: 0, count: count)
+        guard let n = try? bytes.withUnsafeMutableBytes({ try fd.read(into: $0) }) else { return nil }
+        return Array(bytes.prefix(n))
     }
 
     /// What is left to read of an open file (at most `limit` bytes); nil on an error or when larger.
