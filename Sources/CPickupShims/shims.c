@@ -42,9 +42,9 @@ int pickup_openat(int dirfd, const char *path, int flags, unsigned int mode) {
     return openat(dirfd, path, flags, (mode_t)mode);
 }
 
-#include <unistd.h>
+
 #if defined(__linux__)
-int pickup_syncfs(int fd) { return syncfs(fd); }
+int pickup_start_writeback(int fd) { return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); }
 #else
-int pickup_syncfs(int fd) { errno = ENOSYS; return -1; }
+int pickup_start_writeback(int fd) { (void)fd; return 0; }
 #endif

@@ -13,7 +13,7 @@ ssize_t pickup_fgetxattr(int fd, const char *name, void *value, size_t size);
 int pickup_renameat_noreplace(int fromdir, const char *from, int todir, const char *to);
 /// `openat` with a mode (the C function is variadic, which Swift cannot call directly).
 int pickup_openat(int dirfd, const char *path, int flags, unsigned int mode);
-/// Makes everything written to the file system holding `fd` durable (Linux `syncfs`); -1 with
-/// errno ENOSYS where there is no such call.
-int pickup_syncfs(int fd);
+/// Starts writing a file's dirty pages to disk without waiting for them (Linux
+/// `sync_file_range(SYNC_FILE_RANGE_WRITE)`; elsewhere nothing), so that a later fsync has less to wait for.
+int pickup_start_writeback(int fd);
 #endif

@@ -125,13 +125,15 @@ struct Checkpoints: Equatable {
     }
 
     /// Every byte is written and the caller has fsynced the file: the record claiming all of it,
-    /// to store durably where a control file exists (a download that ends before its first
-    /// checkpoint never writes one).
-    mutating func finishing(size: Int64) -> Action {
+    /// to store durably when a digest is still to be verified and a control file exists (a kill
+    /// during the verification then costs a verification, not the bytes). Without a digest the
+    /// file is renamed next: nothing to store. A download that ends before its first checkpoint
+    /// never writes a control file.
+    mutating func finishing(size: Int64, verifying: Bool) -> Action {
         update { $0.totalLength = size }
         var next = record
         next.segments = [SegmentRecord(start: 0, end: size, done: size)]
-        return onDisk == .nothing ? .none : .store(next, version: version, durable: true)
+        return onDisk == .nothing || !verifying ? .none : .store(next, version: version, durable: true)
     }
 
     /// `stored` (of `version`) is on disk: its claims are durable now.

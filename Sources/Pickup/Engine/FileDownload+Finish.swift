@@ -53,7 +53,7 @@ extension FileDownload {
             return size
         }
         if try file.size() > size { try file.truncate(to: size) }
-        try file.syncInGroup()
+        try file.sync()
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).
         let action = try lock.withLock { () throws -> Checkpoints.Action in
@@ -61,7 +61,7 @@ extension FileDownload {
             lastSeen = [:]
             scheduler = nil
             if record.target == nil { try chooseTarget(head: nil) }
-            return control.finishing(size: size)
+            return control.finishing(size: size, verifying: request.checksum != nil || record.serverDigest != nil)
         }
         try perform(action, file: nil)
         let rec = lock.withLock { record }
@@ -96,7 +96,7 @@ extension FileDownload {
         }
         if lock.withLock({ control.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
         if lock.withLock({ cursorFile != nil }) { dir.remove(cursorName) }
-        dir.syncInGroup()
+        dir.sync()
         store.index(encoded, url: completion.url, directory: directory)
         return (dir.pathOf(name), size)
     }

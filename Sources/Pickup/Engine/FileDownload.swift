@@ -72,6 +72,8 @@ final class FileDownload: @unchecked Sendable {
     var jar: [Cookie]
     /// A checkpoint is queued or running on the blocking-I/O pool.
     let checkpointQueued = ManagedAtomic(false)
+    /// A write-behind is queued or running on the pool.
+    let writeBehindQueued = ManagedAtomic(false)
 
     /// Connection `i` of this download asks for ``FetchRequest/lane`` `laneBase + i`: each keeps
     /// its own thread and socket from range to range, and downloads at once spread over the threads.
@@ -339,6 +341,8 @@ final class FileDownload: @unchecked Sendable {
         var started = 0.0
         var lastProgress = 0.0
         var lastCheckpoint = 0.0
+        /// `transferred` at the last write-behind.
+        var writtenBehind: Int64 = 0
     }
 
     /// Starts progress reports, checkpoints and tuner samples (see ``DownloadMonitor``).
@@ -374,8 +378,26 @@ final class FileDownload: @unchecked Sendable {
                 ticks.lastCheckpoint = now
                 checkpointSoon()
             }
+            let written = transferred.load(ordering: .relaxed)
+            if written - ticks.writtenBehind >= Self.writeBehindBytes {
+                ticks.writtenBehind = written
+                writeBehindSoon()
+            }
             tune()
             return now - ticks.started < 1 && lock.withLock { tuner != nil && tuner?.phase != .settled }
+        }
+    }
+
+    /// Bytes written between two write-behinds (see ``PartialFile/startWriteback()``).
+    static let writeBehindBytes: Int64 = 8 << 20
+
+    /// Queues a write-behind of the partial file on the blocking-I/O pool unless one is queued.
+    func writeBehindSoon() {
+        guard let file = lock.withLock({ file }),
+            !writeBehindQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        BlockingIO.submit {
+            file.startWriteback()
+            self.writeBehindQueued.store(false, ordering: .releasing)
         }
     }
 

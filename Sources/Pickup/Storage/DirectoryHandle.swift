@@ -175,12 +175,6 @@ public final class DirectoryHandle: Sendable {
     func sync() {
         try? FS.fsync(FileDescriptor(rawValue: fd))
     }
-
-    /// The same, shared with the other files finishing at the same time (``FlushGroup``).
-    func syncInGroup() {
-        if FlushGroup.mode == "each" { return sync() }
-        try? FlushGroup.shared.sync(FileDescriptor(rawValue: fd))
-    }
 }
 
 @inline(__always) func systemClose(_ fd: Int32) -> Int32 {

@@ -57,10 +57,11 @@ public final class PartialFile: Sendable {
         do { try FS.fsync(fd) } catch { throw .io(path.string, error) }
     }
 
-    /// The same, shared with the other files finishing at the same time (``FlushGroup``).
-    func syncInGroup() throws(PickupError) {
-        if FlushGroup.mode == "each" { return try sync() }
-        do { try FlushGroup.shared.sync(fd) } catch { throw .io(path.string, error) }
+    /// Starts writing the dirty pages to disk, not waiting for them (write-behind: the fsync at a
+    /// checkpoint or at the end then has little left to wait for). Does nothing where the
+    /// platform has no such call.
+    func startWriteback() {
+        _ = pickup_start_writeback(fd.rawValue)
     }
 
     /// The current size on disk.
