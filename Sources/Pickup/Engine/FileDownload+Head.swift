@@ -1,0 +1,112 @@
+import Foundation
+
+/// What a response head means for the download, on the transport's thread before its body is
+/// written: the first valid 206 plans the ranges and opens more connections, a 200 replaces
+/// every held byte; the record learns validators, length and name.
+extension FileDownload {
+    /// Applies a decision on a response head. Returns the cursor, offset and response end to write
+    /// the body with, or nil when the body is not file content. On the response's event loop;
+    /// the file-system calls it needs (the cursor file's mapping, preallocation, a truncation for a
+    /// 200) run outside `lock`, and the control file is written on the blocking-I/O pool.
+    func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
+                      cursor: SegmentCursor, latency: Double) throws -> (SegmentCursor, Int64, Int64?)? {
+        switch decision {
+        case .append(let at, let end, let total, let validators):
+            mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })
+            var more: AsyncStream<Void>.Continuation? = nil
+            var openMore = false, soon = false
+            var preallocate: (PartialFile, Int64)? = nil
+            let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
+                self.latency = latency
+                guard let file else { return nil }
+                var cursor = cursor
+                if let mapped = cursorFile, !cursor.isMapped {
+                    // From now on this range's progress is kept in the cursor file.
+                    cursor = SegmentCursor(segment: cursor.segment, start: cursor.start,
+                                           position: cursor.position.load(ordering: .relaxed),
+                                           end: cursor.end.load(ordering: .relaxed), in: mapped)
+                    cursors[cursor.segment] = cursor
+                }
+                let first = record.validators == nil || record.totalLength == nil && total != nil
+                if first {
+                    control.update { r in
+                        r.validators = validators
+                        r.totalLength = total
+                        if at == 0 || r.serverDigest == nil { r.serverDigest = Self.serverDigest(head) }
+                    }
+                }
+                if scheduler == nil, let total {
+                    control.update { $0.segments[cursor.segment].end = total }
+                    cursor.end.store(min(cursor.end.load(ordering: .relaxed), total), ordering: .relaxed)
+                    scheduler = makeScheduler(total: total, claiming: cursor.segment)
+                }
+                // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
+                if !connectionsDecided, var s = scheduler {
+                    connectionsDecided = true
+                    if options.preallocate { preallocate = (file, s.total) }
+                    let parallel = options.connections > 1 && validators.ifRange != nil
+                    if parallel {
+                        s.plan(connections: options.connections)
+                        cursor.end.store(s.segments[cursor.segment].end, ordering: .relaxed)
+                    }
+                    scheduler = s
+                    syncRecordShape()
+                    let running = s.segments.filter({ $0.remaining > 0 }).count
+                    if parallel && running > 1 {
+                        if options.adaptiveConnections, tuner == nil {
+                            tuner = ConnectionTuner(threads: options.transportThreads)
+                            _ = tuner?.add(tunerSample(connections: running))
+                            monitor.sampleOften()
+                        }
+                        openMore = true
+                    }
+                    more = moreConnections
+                }
+                if first || context.conditional {
+                    if record.target == nil || context.conditional { try chooseTarget(head: head) }
+                    soon = control.wantsStoreSoon
+                }
+                return (cursor, at, end)
+            }
+            if let (file, total) = preallocate, try file.size() < total { try file.preallocate(total) }
+            if openMore { more?.yield() }
+            more?.finish()
+            if soon { storeSoon() }
+            return result
+        case .replace(let total, let validators):
+            let (ranges, file) = lock.withLock { (record.segments.count, self.file) }
+            guard let file else { return nil }
+            guard ranges == 1, cursor.segment == 0 else {
+                throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
+            }
+            if context.offset > 0 {
+                onEvent(.notice("the server sent the whole file (200) instead of the rest; the held bytes are discarded"))
+            }
+            mapCursorsIfLarge(total: total)
+            try discardHeld(file) { r in
+                r.validators = validators
+                r.totalLength = total
+                r.segments = [SegmentRecord(start: 0, end: total, done: 0)]
+                r.serverDigest = Self.serverDigest(head)
+            }
+            let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
+                self.latency = latency
+                scheduler = total.map { makeScheduler(total: $0, claiming: 0) }
+                let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total, in: cursorFile)
+                cursors = [0: fresh]
+                if record.target == nil || context.conditional { try chooseTarget(head: head) }
+                return (fresh, moreConnections, control.wantsStoreSoon)
+            }
+            more?.finish()
+            if soon { storeSoon() }
+            return (fresh, 0, total)
+        default:
+            lock.withLock { self.latency = latency }
+            return nil
+        }
+    }
+
+    static func serverDigest(_ head: ResponseHead) -> ExpectedDigest? {
+        DigestHeader.expected(reprDigest: head.combined("Repr-Digest"), digest: head.combined("Digest"))
+    }
+}

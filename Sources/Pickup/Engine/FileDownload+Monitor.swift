@@ -1,0 +1,123 @@
+import Foundation
+
+/// The periodic side of a run, driven by the ``DownloadMonitor``'s ticks: progress reports,
+/// checkpoints and write-behind queued on the blocking-I/O pool, and the connection tuner.
+extension FileDownload {
+    /// Bytes held: written in live ranges, durable in the others. Called with `lock` held.
+    func heldBytes() -> Int64 {
+        record.segments.indices.reduce(0) { sum, i in
+            sum + max(record.segments[i].done, cursors[i]?.written ?? 0)
+        }
+    }
+
+    /// What the monitor's ticks need, guarded by `tickLock` (held for a whole tick, so that
+    /// ``stopMonitoring()`` waits for one in progress).
+    struct Ticks {
+        var monitored = false
+        var meter = SpeedMeter()
+        var started = 0.0
+        var lastProgress = 0.0
+        var lastCheckpoint = 0.0
+        /// `transferred` at the last write-behind.
+        var writtenBehind: Int64 = 0
+    }
+
+    /// Starts progress reports, checkpoints and tuner samples (see ``DownloadMonitor``).
+    func startMonitoring() {
+        tickLock.withLock {
+            let now = Clock.monotonic()
+            ticks = Ticks(monitored: true, started: now, lastProgress: now, lastCheckpoint: now)
+        }
+        monitor.add(self)
+    }
+
+    /// Stops them; returns once a tick in progress has ended, so that nothing is reported or
+    /// checkpointed behind the caller's back.
+    func stopMonitoring() {
+        monitor.remove(self)
+        tickLock.withLock { ticks.monitored = false }
+    }
+
+    /// One tick of the monitor: reports progress every `progressInterval` (give or take a tenth:
+    /// ticks are shared by all downloads), checkpoints every `checkpointInterval` (at the first
+    /// tick after it), and feeds the tuner. Returns whether the tuner is still deciding (then ticks come every
+    /// ``ConnectionTuner/step``; only in the first second, where deciding early pays).
+    func tick(now: Double) -> Bool {
+        tickLock.withLock {
+            guard ticks.monitored else { return false }
+            if now - ticks.lastProgress >= options.progressInterval * 0.9 {
+                ticks.lastProgress = now
+                let (held, total) = lock.withLock { (heldBytes(), record.totalLength) }
+                let speed = ticks.meter.add(time: now, bytes: transferred.load(ordering: .relaxed))
+                onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed)))
+            }
+            if now - ticks.lastCheckpoint >= options.checkpointInterval {
+                ticks.lastCheckpoint = now
+                checkpointSoon()
+            }
+            let written = transferred.load(ordering: .relaxed)
+            if written - ticks.writtenBehind >= Self.writeBehindBytes {
+                ticks.writtenBehind = written
+                writeBehindSoon()
+            }
+            tune()
+            return now - ticks.started < 1 && lock.withLock { tuner != nil && tuner?.phase != .settled }
+        }
+    }
+
+    /// Bytes written between two write-behinds (see ``PartialFile/startWriteback()``).
+    static let writeBehindBytes: Int64 = 8 << 20
+
+    /// Queues a write-behind of the partial file on the blocking-I/O pool unless one is queued.
+    func writeBehindSoon() {
+        guard let file = lock.withLock({ file }),
+            !writeBehindQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        BlockingIO.submit {
+            file.startWriteback()
+            self.writeBehindQueued.store(false, ordering: .releasing)
+        }
+    }
+
+    /// A tuner sample: now, and how many connections have a range.
+    func tunerSample(connections: Int? = nil) -> ConnectionTuner.Sample {
+        ConnectionTuner.Sample(time: Clock.monotonic(), cpu: options.cpuClock(), bytes: transferred.load(ordering: .relaxed),
+                               connections: connections ?? scheduler?.activeConnections ?? 0)
+    }
+
+    /// Feeds the tuner one sample and carries out what it decides.
+    func tune() {
+        let (act, active) = lock.withLock { () -> (ConnectionTuner.Action?, Int) in
+            guard tuner != nil, tuner?.phase != .settled else { return (nil, 0) }
+            let sample = tunerSample()
+            return (tuner?.add(sample), sample.connections)
+        }
+        switch act {
+        case .shed?:
+            let shed = lock.withLock { () -> Bool in
+                guard var s = scheduler else { return false }
+                let now = Clock.monotonic()
+                var rates: [Int: Double] = [:]
+                for (i, c) in cursors {
+                    s.report(i, done: c.written)
+                    rates[i] = c.rate(now: now)
+                }
+                let (keep, cut) = s.shed(rates: rates)
+                guard let keep else { return false }
+                for (i, end) in cut { cursors[i]?.end.store(end, ordering: .relaxed) }
+                keeper = keep
+                scheduler = s
+                syncRecordShape()
+                return true
+            }
+            if shed {
+                onEvent(.notice("\(active) connections add no speed here (this machine, not the network, sets the pace); going on with one"))
+            }
+        case .restore?:
+            lock.withLock { keeper = nil }
+            restore.open()
+            onEvent(.notice("one connection is slower; back to \(options.connections)"))
+        case nil:
+            break
+        }
+    }
+}
