@@ -56,6 +56,17 @@ extension FileDownload {
         }
     }
 
+    /// The description a head brought: written before the body when no control file exists yet
+    /// (without fsync: it claims nothing), so that a kill from the first byte on finds it and the
+    /// cursors; else (a description that changed, of a download with a control file) on the pool.
+    /// On the response's event loop, not with `lock` held.
+    func storeBeforeFirstByte() {
+        guard lock.withLock({ control.onDisk == .nothing }) else { return storeSoon() }
+        ioLock.withLock {
+            try? perform(lock.withLock { control.storeNow() }, file: nil)
+        }
+    }
+
     /// Drops every held byte for a new representation (`reset` describes it) and, when the
     /// control file on disk claims bytes, replaces it durably before returning: no byte of the new
     /// representation is written before. The cursors start again. Called where no connection is

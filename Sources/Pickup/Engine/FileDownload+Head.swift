@@ -71,7 +71,7 @@ extension FileDownload {
             if let (file, total) = preallocate, try file.size() < total { try file.preallocate(total) }
             if openMore { more?.yield() }
             more?.finish()
-            if soon { storeSoon() }
+            if soon { storeBeforeFirstByte() }
             return result
         case .replace(let total, let validators):
             let (ranges, file) = lock.withLock { (record.segments.count, self.file) }
@@ -98,7 +98,7 @@ extension FileDownload {
                 return (fresh, moreConnections, control.wantsStoreSoon)
             }
             more?.finish()
-            if soon { storeSoon() }
+            if soon { storeBeforeFirstByte() }
             return (fresh, 0, total)
         default:
             lock.withLock { self.latency = latency }
