@@ -323,20 +323,21 @@ extension DownloadManager {
 
     @Test func loweringTheLimitWhileRunningSendsDownloadsBackToWaiting() async throws {
         let f = try await ManagerFixture()
-        let bodies = f.serveFiles(4, size: 3_000_000, rate: 1_500_000)
+        // Slow enough that none can finish before the limit goes down, however loaded the machine.
+        let bodies = f.serveFiles(4, size: 3_000_000, rate: 100_000)
         let m = try f.manager(limit: 4)
         for i in bodies.indices { try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path)) }
         await m.waitUntil { v in v.values.filter { $0.state == .running }.count >= 2 }
         await m.setMaxConcurrentDownloads(1)
-        // One keeps running; the others that had not finished yet wait (a loaded machine may have
-        // finished one before the limit went down).
+        // One keeps running; the others wait.
         await m.waitUntil { v in
-            let running = v.values.filter { $0.state == .running }.count
-            let waiting = v.values.filter { $0.state == .waiting }.count
-            let unfinished = v.values.filter { $0.state != .completed }.count
-            return running == 1 && waiting == unfinished - 1 && waiting >= 1
+            v.values.filter { $0.state == .running }.count == 1 && v.values.filter { $0.state == .waiting }.count == 3
         }
+        for i in bodies.indices { f.server.update("/f/\(i).bin") { $0.bytesPerSecond = nil } }
         await m.setMaxConcurrentDownloads(4)
+        // The running one's response keeps its pace: a pause and resume asks again, unthrottled.
+        await m.pauseAll()
+        await m.resumeAll()
         await m.waitUntilAll(.completed)
         for (i, body) in bodies.enumerated() { #expect(f.dir.read("\(i).bin") == body) }
         await m.shutdown()

@@ -30,16 +30,13 @@ extension DownloadManager {
         infos[id] = info
     }
 
-    /// Saves a download's row (its state as given, else as it is). A failure to save is reported
-    /// as a notice: the download itself goes on, and the engine's control file still holds its bytes.
+    /// Saves a download's row (its state as given, else as it is), on the blocking-I/O pool. A
+    /// failure to save costs nothing but the row's freshness: the download itself goes on, the
+    /// engine's control file still holds its bytes, and the next change writes the row again.
     func persist(_ id: DownloadID, state: DownloadState? = nil) {
         guard var info = infos[id] else { return }
         if let state { info.state = state }
-        do {
-            try store.update([DownloadRow(info: info, place: queue.entries[id]?.place ?? 0)])
-        } catch {
-            emit(.notice(id, "could not save the download's state: \(error)"))
-        }
+        store.update([DownloadRow(info: info, place: queue.entries[id]?.place ?? 0)])
     }
 
     func emit(_ event: ManagerEvent) {

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import NIOConcurrencyHelpers
 import SystemPackage
 
 /// One row of the `download` table: a download's identity, options and state. Byte-level
@@ -84,8 +85,18 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
 /// connection holds the file in exclusive locking mode (the manager's lock already keeps other
 /// processes out), so a commit takes no file locks and no shared-memory index is made.
 /// Migrations are named and append-only: never edit one that has shipped, add the next.
-final class ManagerStore: Sendable {
+///
+/// State changes (``update(_:)``) are written on the blocking-I/O pool, not on the manager's actor
+/// (a commit writes to the WAL; every 1000 pages SQLite checkpoints it with fsyncs): each row's
+/// latest version waits in `pending` until the next write, which saves all of them in one
+/// transaction. ``close()`` writes what is pending. Inserts, deletes and reads stay synchronous:
+/// they are rare, and their callers need their results.
+final class ManagerStore: @unchecked Sendable {
     let db: DatabaseQueue
+    private let pendingLock = NIOLock()
+    // Guarded by `pendingLock`.
+    private var pending: [Int64: DownloadRow] = [:]
+    private var flushQueued = false
 
     init(directory: FilePath) throws {
         var config = Configuration()
@@ -152,8 +163,30 @@ final class ManagerStore: Sendable {
         }
     }
 
-    /// Saves rows (one statement, prepared once per connection: this runs for every state change).
-    func update(_ rows: [DownloadRow]) throws {
+    /// Saves rows soon, on the blocking-I/O pool (see the type's notes).
+    func update(_ rows: [DownloadRow]) {
+        let queue = pendingLock.withLock { () -> Bool in
+            for r in rows { if let id = r.id { pending[id] = r } }
+            defer { flushQueued = true }
+            return !flushQueued
+        }
+        if queue { BlockingIO.submit { try? self.flush() } }
+    }
+
+    /// Writes the pending rows now.
+    func flush() throws {
+        let rows = pendingLock.withLock { () -> [DownloadRow] in
+            defer {
+                pending = [:]
+                flushQueued = false
+            }
+            return pending.keys.sorted().compactMap { pending[$0] }
+        }
+        if !rows.isEmpty { try write(rows) }
+    }
+
+    /// Saves rows (one statement, prepared once per connection).
+    func write(_ rows: [DownloadRow]) throws {
         try db.write { db in
             let statement = try db.cachedStatement(sql: """
                 UPDATE download SET priority = ?, place = ?, state = ?, checksum = ?, overwrite = ?, speedLimit = ?,
@@ -170,12 +203,14 @@ final class ManagerStore: Sendable {
     }
 
     func delete(_ ids: [DownloadID]) throws {
+        pendingLock.withLock { for id in ids { pending[id.rawValue] = nil } }
         _ = try db.write { db in
             try DownloadRow.deleteAll(db, keys: ids.map(\.rawValue))
         }
     }
 
     func close() {
+        try? flush()
         try? db.close()
     }
 }
