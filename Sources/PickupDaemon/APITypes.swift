@@ -115,11 +115,31 @@ public struct APISettings: Codable, Sendable, Equatable {
     /// what `pickup serve` was started with (`--proxy`, the environment). Shown with its password
     /// as `***`.
     public var proxy: String?
+    /// `fifo` or `lifo`: which of the waiting downloads of equal priority starts first.
+    public var order: String
+    /// Batch mode: every waiting download starts at once, whatever `maxConcurrentDownloads` says.
+    public var startsAllAtOnce: Bool
 
-    public init(maxConcurrentDownloads: Int, speedLimit: Int64?, proxy: String? = nil) {
+    public init(maxConcurrentDownloads: Int, speedLimit: Int64?, proxy: String? = nil, order: String = "fifo",
+                startsAllAtOnce: Bool = false) {
         self.maxConcurrentDownloads = maxConcurrentDownloads
         self.speedLimit = speedLimit
         self.proxy = proxy
+        self.order = order
+        self.startsAllAtOnce = startsAllAtOnce
+    }
+
+    enum CodingKeys: String, CodingKey { case maxConcurrentDownloads, speedLimit, proxy, order, startsAllAtOnce }
+
+    /// Reads the API's answer or a settings file (one saved before `order` and `startsAllAtOnce`
+    /// existed reads as FIFO, not in batch mode).
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        maxConcurrentDownloads = try c.decode(Int.self, forKey: .maxConcurrentDownloads)
+        speedLimit = try c.decodeIfPresent(Int64.self, forKey: .speedLimit)
+        proxy = try c.decodeIfPresent(String.self, forKey: .proxy)
+        order = try c.decodeIfPresent(String.self, forKey: .order) ?? "fifo"
+        startsAllAtOnce = try c.decodeIfPresent(Bool.self, forKey: .startsAllAtOnce) ?? false
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -127,7 +147,49 @@ public struct APISettings: Codable, Sendable, Equatable {
         try c.encode(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
         try c.encode(speedLimit, forKey: .speedLimit)
         try c.encode(proxy, forKey: .proxy)
+        try c.encode(order, forKey: .order)
+        try c.encode(startsAllAtOnce, forKey: .startsAllAtOnce)
     }
+}
+
+/// `PATCH /downloads/{id}`: the fields to change.
+public struct APIDownloadPatch: Codable, Sendable {
+    public var priority: Int?
+    /// nil: unchanged; .some(nil): no limit.
+    public var speedLimit: Int64??
+    /// `front`: the next to start among the waiting ones.
+    public var position: String?
+
+    enum CodingKeys: String, CodingKey, CaseIterable { case priority, speedLimit, position }
+
+    public init(priority: Int? = nil, speedLimit: Int64?? = nil, position: String? = nil) {
+        self.priority = priority
+        self.speedLimit = speedLimit
+        self.position = position
+    }
+
+    public init(from decoder: any Decoder) throws {
+        try StrictKeys.check(decoder, CodingKeys.self)
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        priority = try c.decodeIfPresent(Int.self, forKey: .priority)
+        if c.contains(.speedLimit) {
+            speedLimit = .some(try c.decodeNil(forKey: .speedLimit) ? nil : try c.decode(Int64.self, forKey: .speedLimit))
+        }
+        position = try c.decodeIfPresent(String.self, forKey: .position)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encodeIfPresent(priority, forKey: .priority)
+        if let limit = speedLimit { try c.encode(limit, forKey: .speedLimit) }
+        try c.encodeIfPresent(position, forKey: .position)
+    }
+}
+
+/// `DELETE /downloads?state=...`: how many downloads were removed.
+public struct APIRemoved: Codable, Sendable, Equatable {
+    public var removed: Int
+    public init(removed: Int) { self.removed = removed }
 }
 
 /// An error's stable code and readable message.
@@ -198,13 +260,19 @@ public struct APISettingsPatch: Codable, Sendable {
     public var speedLimit: Int64??
     /// nil: unchanged; .some(nil): back to what `pickup serve` was started with.
     public var proxy: String??
+    /// `fifo` or `lifo`.
+    public var order: String?
+    public var startsAllAtOnce: Bool?
 
-    enum CodingKeys: String, CodingKey, CaseIterable { case maxConcurrentDownloads, speedLimit, proxy }
+    enum CodingKeys: String, CodingKey, CaseIterable { case maxConcurrentDownloads, speedLimit, proxy, order, startsAllAtOnce }
 
-    public init(maxConcurrentDownloads: Int? = nil, speedLimit: Int64?? = nil, proxy: String?? = nil) {
+    public init(maxConcurrentDownloads: Int? = nil, speedLimit: Int64?? = nil, proxy: String?? = nil, order: String? = nil,
+                startsAllAtOnce: Bool? = nil) {
         self.maxConcurrentDownloads = maxConcurrentDownloads
         self.speedLimit = speedLimit
         self.proxy = proxy
+        self.order = order
+        self.startsAllAtOnce = startsAllAtOnce
     }
 
     public init(from decoder: any Decoder) throws {
@@ -217,6 +285,8 @@ public struct APISettingsPatch: Codable, Sendable {
         if c.contains(.proxy) {
             proxy = .some(try c.decodeNil(forKey: .proxy) ? nil : try c.decode(String.self, forKey: .proxy))
         }
+        order = try c.decodeIfPresent(String.self, forKey: .order)
+        startsAllAtOnce = try c.decodeIfPresent(Bool.self, forKey: .startsAllAtOnce)
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -224,6 +294,8 @@ public struct APISettingsPatch: Codable, Sendable {
         try c.encodeIfPresent(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
         if let limit = speedLimit { try c.encode(limit, forKey: .speedLimit) }
         if let proxy { try c.encode(proxy, forKey: .proxy) }
+        try c.encodeIfPresent(order, forKey: .order)
+        try c.encodeIfPresent(startsAllAtOnce, forKey: .startsAllAtOnce)
     }
 }
 

@@ -18,6 +18,13 @@ public struct DaemonConfiguration: Sendable {
     public var port = Daemon.defaultPort
     /// Downloads at once, replacing the saved setting when given.
     public var maxConcurrentDownloads: Int?
+    /// The global speed limit from the command line (over the saved setting), bytes per second.
+    public var speedLimit: Int64?
+    /// The queue's order from the command line (over the saved setting).
+    public var order: QueueOrder?
+    /// Commands run when a download ends (from the command line or the settings file, never from
+    /// the API): see ``Hooks``.
+    public var hooks = Hooks()
     /// Engine settings (connections, retries, checkpoint interval...).
     public var engine = DownloadOptions()
     /// HTTP client settings (timeouts, TLS).
@@ -63,6 +70,8 @@ public final class Daemon: Sendable {
     let hub: EventHub
     /// The proxy set through the API (nil: what `pickup serve` was started with).
     let proxySetting = NIOLockedValueBox<String?>(nil)
+    /// The hooks: the command line's, else the settings file's.
+    public let hooks: Hooks
 
     /// Opens the state directory (refusing one another process drives), the token (made on first
     /// start, mode 0600) and the saved settings.
@@ -81,7 +90,9 @@ public final class Daemon: Sendable {
         let saved = files.loadSettings()
         var manager = DownloadManager.Configuration(stateDirectory: configuration.stateDirectory.appending("manager"))
         manager.maxConcurrentDownloads = configuration.maxConcurrentDownloads ?? saved?.maxConcurrentDownloads ?? 3
-        manager.speedLimit = saved?.speedLimit ?? nil
+        manager.speedLimit = configuration.speedLimit ?? saved?.speedLimit ?? nil
+        manager.order = configuration.order ?? saved.flatMap { QueueOrder(rawValue: $0.order) } ?? .fifo
+        manager.startsAllAtOnce = saved?.startsAllAtOnce ?? false
         manager.progressInterval = configuration.progressInterval
         manager.engine = configuration.engine
         manager.transport = configuration.transport
@@ -94,6 +105,11 @@ public final class Daemon: Sendable {
         self.root = root
         hub = EventHub(maxClients: configuration.maxEventClients, maxBuffered: configuration.maxEventBacklog)
         proxySetting.withLockedValue { $0 = saved?.proxy }
+        let fileHooks = files.loadHooks()
+        hooks = Hooks(onComplete: configuration.hooks.onComplete ?? fileHooks.onComplete,
+                      onError: configuration.hooks.onError ?? fileHooks.onError,
+                      timeout: configuration.hooks.onComplete != nil || configuration.hooks.onError != nil
+                          ? configuration.hooks.timeout : fileHooks.timeout)
         self.configuration = configuration
         self.files = files
     }
@@ -125,7 +141,33 @@ public final class Daemon: Sendable {
             gracefulShutdownSignals: handlesSignals ? [.sigterm, .sigint] : [],
             logger: logger))
         self.group.withLockedValue { $0 = group }
+        let hooked = hooks.isEmpty ? nil : Task { await self.runHooks() }
+        defer { hooked?.cancel() }
         try await group.run()
+    }
+
+    /// Runs the hooks as downloads complete or fail, until the manager shuts down.
+    func runHooks() async {
+        let runner = HookRunner(hooks: hooks) { line in FileHandle.standardError.write(Data("pickup serve: \(line)\n".utf8)) }
+        var states: [DownloadID: DownloadState] = [:]
+        for await event in await manager.events() {
+            switch event {
+            case .snapshot(let all, _):
+                for info in all { states[info.id] = info.state }
+            case .added(let info), .changed(let info):
+                let before = states.updateValue(info.state, forKey: info.id)
+                guard info.state.isFinal, before != info.state else { continue }
+                let completed = info.state == .completed
+                runner.fire(HookEvent(path: info.path?.string, url: info.url,
+                                      size: completed ? info.progress.totalBytes ?? info.progress.bytesDone : info.progress.totalBytes,
+                                      completed: completed, error: info.failure?.reason))
+            case .removed(let id):
+                states[id] = nil
+            default:
+                break
+            }
+        }
+        await runner.drain()
     }
 
     /// Stops a running daemon as SIGTERM does: every download checkpointed, the manager shut
@@ -145,7 +187,8 @@ public final class Daemon: Sendable {
     func settings(secrets: Bool = false) async -> APISettings {
         let proxy = proxySetting.withLockedValue { $0 }
         return APISettings(maxConcurrentDownloads: await manager.maxConcurrentDownloads, speedLimit: await manager.speedLimit,
-                           proxy: secrets ? proxy : proxy.map(DownloadURL.redacted))
+                           proxy: secrets ? proxy : proxy.map(DownloadURL.redacted), order: await manager.order.rawValue,
+                           startsAllAtOnce: await manager.startsAllAtOnce)
     }
 
     /// Applies and saves a change of settings.
@@ -155,6 +198,11 @@ public final class Daemon: Sendable {
         }
         if case .some(.some(let limit)) = patch.speedLimit, limit < RateLimiter.minimum {
             throw .badRequest("speedLimit must be at least \(RateLimiter.minimum) bytes per second, or null for none")
+        }
+        var order: QueueOrder? = nil
+        if let text = patch.order {
+            guard let o = QueueOrder(rawValue: text) else { throw .badRequest("order must be fifo or lifo") }
+            order = o
         }
         var rules: ProxyRules? = nil
         if let proxy = patch.proxy {
@@ -167,6 +215,8 @@ public final class Daemon: Sendable {
         }
         if let n = patch.maxConcurrentDownloads { await manager.setMaxConcurrentDownloads(n) }
         if let limit = patch.speedLimit { await manager.setSpeedLimit(limit) }
+        if let order { await manager.setOrder(order) }
+        if let on = patch.startsAllAtOnce { await manager.setStartsAllAtOnce(on) }
         if let rules, let proxy = patch.proxy {
             proxySetting.withLockedValue { $0 = proxy }
             await manager.setProxies(rules)

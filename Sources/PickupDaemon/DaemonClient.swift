@@ -45,8 +45,26 @@ public struct DaemonClient: Sendable {
         try await call(.POST, "/downloads", body: request)
     }
 
-    public func list(state: String? = nil) async throws -> [APIDownload] {
-        try await call(.GET, "/downloads" + (state.map { "?state=\($0)" } ?? ""))
+    public func list(state: String? = nil, url: String? = nil) async throws -> [APIDownload] {
+        let query = [state.map { "state=" + Self.escape($0) }, url.map { "url=" + Self.escape($0) }].compactMap { $0 }
+        return try await call(.GET, "/downloads" + (query.isEmpty ? "" : "?" + query.joined(separator: "&")))
+    }
+
+    /// Changes a download's priority or speed limit, or moves it to the front.
+    public func change(_ id: Int64, _ patch: APIDownloadPatch) async throws -> APIDownload {
+        try await call(.PATCH, "/downloads/\(id)", body: patch)
+    }
+
+    /// Removes every download in `state` (`completed` or `failed`).
+    public func removeAll(state: String, deleteFile: Bool) async throws -> APIRemoved {
+        try await call(.DELETE, "/downloads?state=\(Self.escape(state))&deleteFile=\(deleteFile)")
+    }
+
+    /// A query value, percent-encoded but for unreserved characters.
+    public static func escape(_ value: String) -> String {
+        var allowed = CharacterSet.alphanumerics.intersection(CharacterSet(charactersIn: Unicode.Scalar(0)...Unicode.Scalar(127)))
+        allowed.insert(charactersIn: "-._~")
+        return value.addingPercentEncoding(withAllowedCharacters: allowed) ?? value
     }
 
     public func download(_ id: Int64) async throws -> APIDownload {

@@ -66,8 +66,27 @@ public struct DaemonFiles: Sendable {
         return try? JSONDecoder().decode(APISettings.self, from: data)
     }
 
+    /// The hooks the settings file names (`onComplete`, `onError`, `hookTimeout`): written there by
+    /// the owner, never through the API, and kept when the daemon saves its settings.
+    func loadHooks() -> Hooks {
+        guard let data = FileManager.default.contents(atPath: settingsPath.string),
+            let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
+        else { return Hooks() }
+        return Hooks(onComplete: object["onComplete"] as? String, onError: object["onError"] as? String,
+                     timeout: (object["hookTimeout"] as? NSNumber)?.doubleValue ?? 60)
+    }
+
+    static let hookKeys = ["onComplete", "onError", "hookTimeout"]
+
     func saveSettings(_ s: APISettings) {
-        guard let data = try? JSONEncoder().encode(s) else { return }
+        guard var data = try? JSONEncoder().encode(s) else { return }
+        // The hooks the owner wrote in the file stay.
+        if let old = FileManager.default.contents(atPath: settingsPath.string),
+            let oldObject = (try? JSONSerialization.jsonObject(with: old)) as? [String: Any],
+            var object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] {
+            for key in Self.hookKeys { if let v = oldObject[key] { object[key] = v } }
+            if let merged = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) { data = merged }
+        }
         try? data.write(to: URL(fileURLWithPath: settingsPath.string), options: .atomic)
         // It may hold a proxy's password.
         _ = try? FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: settingsPath.string)

@@ -18,7 +18,9 @@ struct Routes {
         let api = router.group("/api/v1").add(middleware: BearerAuth(token: Array(daemon.token.utf8)))
         api.post("/downloads") { request, _ in try await add(request) }
         api.get("/downloads") { request, _ in try await list(request) }
+        api.delete("/downloads") { request, _ in try await removeAll(request) }
         api.get("/downloads/{id}") { _, context in JSON.response(try await download(context)) }
+        api.patch("/downloads/{id}") { request, context in try await change(request, context) }
         api.delete("/downloads/{id}") { request, context in
             let id = try await known(context)
             let deleteFile = try flag(request, "deleteFile")
@@ -93,9 +95,52 @@ struct Routes {
         }
         let offset = try number(request, "offset") ?? 0
         let limit = try number(request, "limit")
-        let page = await manager.downloads(in: state, offset: offset, limit: limit)
+        var page = await manager.downloads(in: state, offset: offset, limit: limit)
+        if let url = request.uri.queryParameters["url"] {
+            // Exact match on the URL as it was added; with state, offset and limit applied to those.
+            let matching = await manager.downloads(url: String(url)).filter { state == nil || $0.state == state }
+            page = Array(matching.dropFirst(offset).prefix(limit ?? .max))
+        }
         let root = daemon.root
         return JSON.response(bytes: APIDownload.json(page.lazy.map { APIDownload($0, root: root) }))
+    }
+
+    /// `PATCH /downloads/{id}`: priority, speed limit (null removes it), `position: "front"`.
+    /// Everything is checked before anything changes.
+    private func change(_ request: Request, _ context: BasicRequestContext) async throws -> Response {
+        let id = try await known(context)
+        let patch = try await JSON.decode(APIDownloadPatch.self, from: request)
+        if let position = patch.position, position != "front" { throw APIError.badRequest("position must be \"front\"") }
+        if let priority = patch.priority, !(-1000...1000).contains(priority) {
+            throw APIError.badRequest("priority must be -1000 to 1000")
+        }
+        if case .some(.some(let limit)) = patch.speedLimit, limit < RateLimiter.minimum {
+            throw APIError.badRequest("speedLimit must be at least \(RateLimiter.minimum) bytes per second, or null for none")
+        }
+        do throws(PickupError) {
+            if let priority = patch.priority { try await manager.setPriority(id, priority) }
+            if let limit = patch.speedLimit { try await manager.setSpeedLimit(id, limit) }
+            if patch.position != nil { try await manager.moveToFront(id) }
+        } catch {
+            throw APIError(error)
+        }
+        return JSON.response(try await download(context))
+    }
+
+    /// `DELETE /downloads?state=completed` (or `failed`), `deleteFile=true` to delete the files too.
+    private func removeAll(_ request: Request) async throws -> Response {
+        guard let text = request.uri.queryParameters["state"], let state = DownloadState(rawValue: String(text)),
+            state == .completed || state == .failed
+        else { throw APIError.badRequest("state must be completed or failed") }
+        let deleteFile = try flag(request, "deleteFile")
+        var removed = 0
+        for info in await manager.downloads(in: state) {
+            // Removed or changed meanwhile: not this call's to remove.
+            guard await manager.download(info.id)?.state == state else { continue }
+            do throws(PickupError) { try await manager.remove(info.id, deleteFile: deleteFile) } catch { throw APIError(error) }
+            removed += 1
+        }
+        return JSON.response(APIRemoved(removed: removed))
     }
 
     private func download(_ context: BasicRequestContext) async throws -> APIDownload {

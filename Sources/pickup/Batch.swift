@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Pickup
+import PickupDaemon
 import SystemPackage
 
 /// `pickup get -i FILE`: every URL of a list through a ``DownloadManager`` whose state lives in
@@ -68,11 +69,28 @@ struct Batch {
         var unfinished = wanted
         var alreadyThere = 0
         var downloaded: [DownloadInfo] = []
+        let hooks = get.hookFlags.runner()
+        // For --json: what each file held when this run began, and when it started running.
+        var heldAtStart: [DownloadID: Int64] = [:]
+        var startedAt: [DownloadID: Date] = [:]
+        func ended(_ info: DownloadInfo) {
+            let completed = info.state == .completed
+            let size = completed ? info.progress.totalBytes ?? info.progress.bytesDone : info.progress.totalBytes
+            if get.json {
+                ResultLine(path: info.path?.string, url: info.url, size: size, outcome: completed ? "downloaded" : "failed",
+                           bytesTransferred: completed ? info.progress.bytesDone - (heldAtStart[info.id] ?? 0) : nil,
+                           seconds: startedAt[info.id].map { Date().timeIntervalSince($0) },
+                           digest: completed ? info.checksum : nil, error: info.failure?.reason).print()
+            }
+            hooks?.fire(HookEvent(path: info.path?.string, url: info.url, size: size, completed: completed,
+                                  error: info.failure?.reason))
+        }
         loop: for await event in events {
             switch event {
             case .snapshot(let all, _):
                 for info in all {
                     view[info.id] = info
+                    heldAtStart[info.id] = info.progress.bytesDone
                     if info.state.isFinal { unfinished.remove(info.id) }
                 }
                 alreadyThere = all.filter { $0.state == .completed }.count
@@ -84,11 +102,13 @@ struct Batch {
                 if info.state == .running { running[info.id] = info } else { running[info.id] = nil }
                 if info.state.isFinal { unfinished.remove(info.id) } else if wanted.contains(info.id) { unfinished.insert(info.id) }
                 if before != info.state {
+                    if info.state == .running, startedAt[info.id] == nil { startedAt[info.id] = Date() }
                     if info.state == .completed {
                         downloaded.append(info)
                         display.completed(info)
                     }
                     if info.state == .failed { display.failed(info) }
+                    if info.state.isFinal, wanted.contains(info.id) { ended(info) }
                 }
             case .progress(let id, let p):
                 view[id]?.progress = p
@@ -103,6 +123,7 @@ struct Batch {
             if unfinished.isEmpty { break loop }
         }
         await manager.shutdown()
+        await hooks?.drain()
         display.clear()
         if let sig = signals.received {
             display.line("pickup: interrupted; the batch is kept. Run the same command again to resume it.")

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Pickup
+import PickupDaemon
 import SystemPackage
 
 struct Get: AsyncParsableCommand {
@@ -52,6 +53,11 @@ struct Get: AsyncParsableCommand {
     @Flag(name: [.short, .long], help: "Print nothing but errors.")
     var quiet = false
 
+    @Flag(help: "Print one JSON object per file on standard output when it ends (path, url, size, outcome, bytesTransferred, seconds, digest, error).")
+    var json = false
+
+    @OptionGroup(title: "Hooks") var hookFlags: HookFlags
+
     @OptionGroup var engine: EngineFlags
 
     @OptionGroup(title: "Headers, credentials and cookies") var http: RequestFlags
@@ -94,9 +100,16 @@ struct Get: AsyncParsableCommand {
         let result = await task.result
         await downloader.shutdown()
         display.clear()
+        let hooks = hookFlags.runner()
         switch result {
         case .success(let r):
             display.finished(r)
+            if json {
+                ResultLine(path: r.path.string, url: url, size: r.size, outcome: r.outcome == .unchanged ? "unchanged" : "downloaded",
+                           bytesTransferred: r.bytesTransferred, seconds: r.elapsed, digest: r.digest).print()
+            }
+            hooks?.fire(HookEvent(path: r.path.string, url: url, size: r.size, completed: true))
+            await hooks?.drain()
         case .failure(let any):
             let error = (any as? PickupError) ?? .network("\(any)")
             if case .interrupted = error {
@@ -105,6 +118,9 @@ struct Get: AsyncParsableCommand {
                 throw ExitCode(sig == SIGTERM ? Exit.terminated : Exit.interrupted)
             }
             display.line("pickup: \(error)")
+            if json { ResultLine(path: nil, url: url, size: nil, outcome: "failed", error: error.description).print() }
+            hooks?.fire(HookEvent(path: nil, url: url, size: nil, completed: false, error: error.description))
+            await hooks?.drain()
             throw ExitCode(Self.code(for: error))
         }
     }

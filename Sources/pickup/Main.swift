@@ -21,7 +21,7 @@ struct PickupCommand: AsyncParsableCommand {
         abstract: "Resumable, crash-safe downloads.",
         discussion: "Run the same command again after any interruption and the download picks up where it left off.",
         version: PickupVersion.string,
-        subcommands: [Get.self, Serve.self, Add.self, List.self, Pause.self, Resume.self, Remove.self, Watch.self])
+        subcommands: [Get.self, Serve.self, Add.self, List.self, SetCommand.self, Pause.self, Resume.self, Remove.self, Watch.self])
 }
 
 @main

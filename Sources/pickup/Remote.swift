@@ -72,6 +72,8 @@ struct Add: AsyncParsableCommand {
     @Option(name: [.customShort("x"), .long], help: ArgumentHelp("Connections for these downloads, 1 to 32.", valueName: "n"))
     var connections: Int?
     @Flag(help: "Add them paused.") var paused = false
+    @Option(help: ArgumentHelp("Speed limit of each of these downloads, bytes per second with an optional K, M or G.", valueName: "rate"))
+    var limitRate: String?
     @Option(name: [.customShort("H"), .customLong("header")], help: ArgumentHelp(
         "Send this header with every request of these downloads (repeatable); Authorization and Cookie go only to the URL's origin.",
         valueName: "name: value"))
@@ -84,6 +86,9 @@ struct Add: AsyncParsableCommand {
             do throws(PickupError) { _ = try RequestHeader(line: h) } catch { throw ValidationError(error.description) }
         }
         if name != nil && urls.count > 1 { throw ValidationError("-o names one file; give one URL with it") }
+        if let limitRate, Get.rate(limitRate) == nil {
+            throw ValidationError("--limit-rate must be a number of bytes per second of at least 1K (1024), optionally with K, M or G")
+        }
     }
 
     /// `-H` lines as the API takes them (checked in validate).
@@ -97,8 +102,8 @@ struct Add: AsyncParsableCommand {
         for url in urls {
             let d = try await Remote.call {
                 try await client.add(APIAddRequest(url: url, name: name, priority: priority, checksum: checksum,
-                                                   connections: connections, paused: paused ? true : nil,
-                                                   headers: headerFields))
+                                                   connections: connections, speedLimit: limitRate.flatMap(Get.rate),
+                                                   paused: paused ? true : nil, headers: headerFields))
             }
             print("added \(d.id) \(d.name ?? d.url) (\(d.state))")
         }
@@ -109,6 +114,8 @@ struct List: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "ls", abstract: "List the daemon's downloads.")
 
     @Argument(help: "Only those in this state: waiting, running, paused, completed or failed.") var only: String?
+    @Option(help: ArgumentHelp("Only the downloads of exactly this URL.", valueName: "url")) var url: String?
+    @Flag(help: "Print the downloads as the API gives them: a JSON array.") var json = false
     @OptionGroup var daemonState: DaemonState
 
     func validate() throws {
@@ -119,7 +126,13 @@ struct List: AsyncParsableCommand {
 
     func run() async throws {
         let client = try Remote.client(daemonState)
-        let all = try await Remote.call { try await client.list(state: only) }
+        let all = try await Remote.call { try await client.list(state: only, url: url) }
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            Remote.say(String(decoding: try encoder.encode(all), as: UTF8.self))
+            return
+        }
         print(Remote.header())
         for d in all { print(Remote.row(d)) }
     }
@@ -169,20 +182,63 @@ struct Resume: AsyncParsableCommand {
 struct Remove: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm", abstract: "Remove a download from the daemon (an unfinished one's partial bytes are deleted).")
-    @Argument(help: "The download's id.") var id: Int64
+    @Argument(help: "The download's id.") var id: Int64?
+    @Flag(help: "Remove every completed download instead (their files stay unless --delete-file).") var completed = false
+    @Flag(help: "Remove every failed download instead.") var failed = false
     @Flag(help: "Delete the finished file too.") var deleteFile = false
     @OptionGroup var daemonState: DaemonState
 
+    func validate() throws {
+        if [id != nil, completed, failed].filter({ $0 }).count != 1 { throw ValidationError("give an id, --completed or --failed") }
+    }
+
     func run() async throws {
         let client = try Remote.client(daemonState)
-        try await Remote.call { try await client.remove(id, deleteFile: deleteFile) }
+        if let id {
+            try await Remote.call { try await client.remove(id, deleteFile: deleteFile) }
+            return
+        }
+        let state = completed ? "completed" : "failed"
+        let r = try await Remote.call { try await client.removeAll(state: state, deleteFile: deleteFile) }
+        print("removed \(r.removed) \(state) download\(r.removed == 1 ? "" : "s")")
+    }
+}
+
+struct SetCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "set", abstract: "Change a download of the daemon: its priority, its speed limit, or make it the next to start.")
+    @Argument(help: "The download's id.") var id: Int64
+    @Option(help: "Higher starts first, -1000 to 1000.") var priority: Int?
+    @Option(help: ArgumentHelp("Its speed limit in bytes per second with an optional K, M or G, or 'none'.", valueName: "rate"))
+    var limitRate: String?
+    @Flag(help: "Make it the next to start among the waiting ones.") var front = false
+    @OptionGroup var daemonState: DaemonState
+
+    func validate() throws {
+        if priority == nil, limitRate == nil, !front { throw ValidationError("give --priority, --limit-rate or --front") }
+        if let limitRate, limitRate != "none", Get.rate(limitRate) == nil {
+            throw ValidationError("--limit-rate must be 'none' or a number of bytes per second of at least 1K (1024), optionally with K, M or G")
+        }
+    }
+
+    func run() async throws {
+        let client = try Remote.client(daemonState)
+        var limit: Int64?? = nil
+        if let limitRate { limit = .some(limitRate == "none" ? nil : Get.rate(limitRate)) }
+        let patch = APIDownloadPatch(priority: priority, speedLimit: limit, position: front ? "front" : nil)
+        print(Remote.row(try await Remote.call { try await client.change(id, patch) }))
     }
 }
 
 struct Watch: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "watch",
-        abstract: "Show the daemon's downloads live, until interrupted (on a pipe: a line per change).")
+        abstract: "Show the daemon's downloads live, until interrupted (on a pipe: a line per change).",
+        discussion: """
+            With --until-done it exits once nothing is waiting or running: 0 when no download failed, \
+            else the failure's exit code (1 for failures of several kinds).
+            """)
+    @Flag(help: "Exit once nothing is waiting or running.") var untilDone = false
     @OptionGroup var daemonState: DaemonState
 
     func run() async throws {
@@ -196,8 +252,17 @@ struct Watch: AsyncParsableCommand {
         // snapshot) for as long as the daemon answers.
         repeat {
             try await Remote.call { try await follow() }
+            if let code = doneCode() { throw ExitCode(code) }
         } while (try? await client.settings()) != nil
         Remote.say("pickup: the daemon stopped")
+
+        /// With --until-done, once nothing waits or runs: the exit status the failures give.
+        func doneCode() -> Int32? {
+            guard untilDone, let t = totals, (t.counts["running"] ?? 0) == 0, (t.counts["waiting"] ?? 0) == 0 else { return nil }
+            let kinds = Set(downloads.values.filter { $0.state == "failed" }.compactMap { $0.error?.code })
+            if kinds.isEmpty { return Exit.success }
+            return kinds.count == 1 ? PickupError.Category(rawValue: kinds.first!).map(Get.code(for:)) ?? Exit.failure : Exit.failure
+        }
 
         func follow() async throws {
             for try await (event, data) in client.events() {
@@ -227,6 +292,7 @@ struct Watch: AsyncParsableCommand {
                     if !tty { Remote.say("removed \(r.id)") }
                 default: break
                 }
+                if event == "snapshot" || event == "totals", doneCode() != nil { return }
                 guard tty, Date().timeIntervalSince(lastDraw) >= 0.25 else { continue }
                 lastDraw = Date()
                 var screen = "\u{1B}[H\u{1B}[2J" + Remote.header() + "\n"

@@ -39,11 +39,26 @@ struct Serve: AsyncParsableCommand {
         "Downloads at once, 1 to 64 (default: the saved setting, else 3).", valueName: "n"))
     var jobs: Int?
 
+    @Option(help: ArgumentHelp(
+        "Global speed limit in bytes per second, with an optional K, M or G (over the saved setting).", valueName: "rate"))
+    var limitRate: String?
+
+    @Option(help: ArgumentHelp(
+        "fifo or lifo: which waiting download of equal priority starts first (over the saved setting).", valueName: "order"))
+    var order: String?
+
     @OptionGroup var engine: EngineFlags
+
+    @OptionGroup(title: "Hooks (also onComplete, onError, hookTimeout in the state directory's settings.json)")
+    var hookFlags: HookFlags
 
     func validate() throws {
         guard Self.address(listen) != nil else { throw ValidationError("--listen must be HOST:PORT, e.g. 127.0.0.1:\(Daemon.defaultPort)") }
         if let jobs, !(1...64).contains(jobs) { throw ValidationError("--jobs must be between 1 and 64") }
+        if let limitRate, Get.rate(limitRate) == nil {
+            throw ValidationError("--limit-rate must be a number of bytes per second of at least 1K (1024), optionally with K, M or G")
+        }
+        if let order, QueueOrder(rawValue: order) == nil { throw ValidationError("--order must be fifo or lifo") }
     }
 
     static func address(_ text: String) -> (host: String, port: Int)? {
@@ -60,6 +75,9 @@ struct Serve: AsyncParsableCommand {
         config.host = host
         config.port = port
         config.maxConcurrentDownloads = jobs
+        config.speedLimit = limitRate.flatMap(Get.rate)
+        config.order = order.flatMap(QueueOrder.init(rawValue:))
+        config.hooks = hookFlags.hooks
         (config.engine, config.transport) = engine.settings()
         let daemon: Daemon
         do {

@@ -235,6 +235,78 @@ final class DaemonFixture: @unchecked Sendable {
         // null removes the limit; a field left out stays.
         #expect(try await f.api(.PATCH, "/settings", body: #"{"speedLimit":null}"#).status == 200)
         #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: nil))
+        // The queue's order and batch mode, kept across a restart too.
+        let q = try await f.client.update(APISettingsPatch(order: "lifo", startsAllAtOnce: true))
+        #expect(q.order == "lifo" && q.startsAllAtOnce)
+        #expect(await f.daemon.manager.order == .lifo)
+        #expect(await f.daemon.manager.startsAllAtOnce)
+        #expect(try await f.api(.PATCH, "/settings", body: #"{"order":"random"}"#).status == 400)
+        await f.stop()
+        try await f.start()
+        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: nil, order: "lifo", startsAllAtOnce: true))
+        await f.close()
+    }
+
+    /// PATCH /downloads/{id}, GET ?url=, DELETE ?state=: what the library's manager can do, over the API.
+    @Test func downloadsChangeOneByOneAndFinishedOnesAreClearedTogether() async throws {
+        let f = try await DaemonFixture { $0.maxConcurrentDownloads = 1 }
+        f.server.set("/done.bin", Resource(body: Resource.bytes(count: 1000)))
+        f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 4_000_000), bytesPerSecond: 200_000))
+        f.server.set("/b.bin", Resource(body: Resource.bytes(count: 1000)))
+        let done = try await f.client.add(APIAddRequest(url: f.server.url("/done.bin")))
+        try await f.waitUntil { $0[done.id]?.state == "completed" }
+        let slow = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin")))
+        try await f.waitUntil { $0[slow.id]?.state == "running" }
+        let a = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin"), name: "a.bin"))
+        let b = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin"), name: "b.bin"))
+        // Priority and limits change; a value out of range changes nothing.
+        #expect(try await f.client.change(a.id, APIDownloadPatch(priority: 3)).priority == 3)
+        #expect(try await f.api(.PATCH, "/downloads/\(a.id)", body: #"{"priority":7,"position":"back"}"#).status == 400)
+        #expect(try await f.client.download(a.id).priority == 3)
+        #expect(try await f.client.change(slow.id, APIDownloadPatch(speedLimit: .some(300_000))).speedLimit == 300_000)
+        #expect(await f.daemon.manager.download(DownloadID(rawValue: slow.id))?.speedLimit == 300_000)
+        #expect(try await f.client.change(slow.id, APIDownloadPatch(speedLimit: .some(nil))).speedLimit == nil)
+        // b goes to the front: a's priority, and before it.
+        let front = try await f.client.change(b.id, APIDownloadPatch(position: "front"))
+        #expect(front.priority == 3)
+        #expect(try await f.api(.PATCH, "/downloads/999", body: #"{"priority":1}"#).status == 404)
+        // Looked up by URL, exactly.
+        #expect(try await f.client.list(url: f.server.url("/b.bin")).map(\.id).sorted() == [a.id, b.id])
+        #expect(try await f.client.list(url: f.server.url("/b.bin") + "x").isEmpty)
+        _ = try await f.client.pause(slow.id)
+        let seen = try await f.waitUntil { $0[b.id]?.state == "running" || $0[b.id]?.state == "completed" }
+        #expect(seen[a.id]?.state == "waiting", "the one moved to the front starts first")
+        // Completed ones go together (their files stay unless asked).
+        #expect(try await f.api(.DELETE, "/downloads?state=running").status == 400)
+        _ = try await f.client.pause(a.id)
+        let completed = try await f.client.list(state: "completed").map(\.id)
+        #expect(completed.contains(done.id))
+        #expect(try await f.client.removeAll(state: "completed", deleteFile: false).removed == completed.count)
+        #expect(try await f.client.list().map(\.id).sorted() == [slow.id, a.id, b.id].filter { !completed.contains($0) }.sorted())
+        #expect(f.root.read("done.bin") != nil)
+        await f.close()
+    }
+
+    /// Hooks run without a shell when downloads end, with what they need in the environment; a
+    /// failing hook fails nothing. The API cannot set them.
+    @Test func hooksRunWhenDownloadsEndAndTheAPICannotSetThem() async throws {
+        let scripts = TempDir()
+        let log = scripts.file("log")
+        let hook = scripts.file("hook.sh")
+        scripts.write("hook.sh", Array("#!/bin/sh\necho \"$PICKUP_OUTCOME $PICKUP_SIZE $1 $PICKUP_URL\" >> \(log.string)\nexit 3\n".utf8))
+        chmod(hook.string, 0o755)
+        let f = try await DaemonFixture { $0.hooks = Hooks(onComplete: hook.string, onError: hook.string, timeout: 10) }
+        f.server.set("/h.bin", Resource(body: Resource.bytes(count: 1234)))
+        let ok = try await f.client.add(APIAddRequest(url: f.server.url("/h.bin")))
+        let bad = try await f.client.add(APIAddRequest(url: f.server.url("/missing.bin")))
+        try await f.waitUntil { $0[ok.id]?.state == "completed" && $0[bad.id]?.state == "failed" }
+        #expect(CLI.waitFor { (try? String(contentsOfFile: log.string, encoding: .utf8))?.split(separator: "\n").count == 2 })
+        let lines = try String(contentsOfFile: log.string, encoding: .utf8).split(separator: "\n").map(String.init).sorted()
+        #expect(lines == ["completed 1234 \(f.root.file("h.bin").string) \(f.server.url("/h.bin"))",
+                          "failed   \(f.server.url("/missing.bin"))"])
+        // The hook's exit status 3 failed nothing.
+        #expect(try await f.client.download(ok.id).state == "completed")
+        #expect(try await f.api(.PATCH, "/settings", body: #"{"onComplete":"/bin/true"}"#).status == 400)
         await f.close()
     }
 

@@ -113,6 +113,8 @@ public struct DownloadResult: Sendable {
     public var resumedFrom: Int64
     /// Wall time of this run, in seconds.
     public var elapsed: Double
+    /// The digest the file was verified against (`--checksum`, or one the server announced), if any.
+    public var digest: ExpectedDigest? = nil
 }
 
 /// Progress of a running download.

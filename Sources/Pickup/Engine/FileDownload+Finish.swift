@@ -40,11 +40,11 @@ extension FileDownload {
     /// Every byte is held: verify, record, rename into place, clean up. On the blocking-I/O pool,
     /// after any checkpoint in flight: the data is made durable before the rename, so that after a
     /// power loss the final name never holds missing bytes.
-    func finish(file: PartialFile) throws -> (FilePath, Int64) {
+    func finish(file: PartialFile) throws -> (FilePath, Int64, ExpectedDigest?) {
         try ioLock.withLock { try finishLocked(file: file) }
     }
 
-    private func finishLocked(file: PartialFile) throws -> (FilePath, Int64) {
+    private func finishLocked(file: PartialFile) throws -> (FilePath, Int64, ExpectedDigest?) {
         let size = try lock.withLock { () throws -> Int64 in
             let size = record.totalLength ?? heldBytes()
             guard heldBytes() == size else {
@@ -98,7 +98,7 @@ extension FileDownload {
         if lock.withLock({ cursorFile != nil }) { dir.remove(cursorName) }
         dir.sync()
         store.index(encoded, url: completion.url, directory: directory)
-        return (dir.pathOf(name), size)
+        return (dir.pathOf(name), size, verified)
     }
 
     /// Renames the partial file to `name`; false when something appeared there and overwriting is off.

@@ -166,11 +166,11 @@ final class FileDownload: @unchecked Sendable {
                 return DownloadResult(outcome: .unchanged, path: path, size: rec.length, bytesTransferred: 0,
                                       resumedFrom: rec.length, elapsed: Clock.monotonic() - started)
             }
-            let (path, size) = try await BlockingIO.run { try self.finish(file: file) }
+            let (path, size, digest) = try await BlockingIO.run { try self.finish(file: file) }
             return DownloadResult(outcome: .downloaded, path: path, size: size,
                                   bytesTransferred: transferred.load(ordering: .relaxed),
                                   resumedFrom: lock.withLock { keptFromStart },
-                                  elapsed: Clock.monotonic() - started)
+                                  elapsed: Clock.monotonic() - started, digest: digest)
         } catch {
             stopMonitoring()
             // Runs even when the task is cancelled (the pool does not look at cancellation).

@@ -515,6 +515,12 @@ public actor DownloadManager {
     /// The current limit on downloads transferring at once.
     public var maxConcurrentDownloads: Int { maxConcurrent }
 
+    /// FIFO or LIFO among waiting downloads of equal priority.
+    public var order: QueueOrder { queue.order }
+
+    /// Whether every waiting download starts at once (batch mode).
+    public var startsAllAtOnce: Bool { startsAll }
+
     /// Events: first a ``ManagerEvent/snapshot(_:_:)`` of every download, then every change as it
     /// happens, in order, until the observer stops iterating or the manager shuts down. Any number
     /// of observers may come and go; each sees a consistent picture (the snapshot and the changes

@@ -158,6 +158,14 @@ function draw() {
       li.querySelector(".pause").addEventListener("click", () => act("POST", `/downloads/${id}/pause`));
       li.querySelector(".resume").addEventListener("click", () => act("POST", `/downloads/${id}/resume`));
       li.querySelector(".retry").addEventListener("click", () => act("POST", `/downloads/${id}/retry`));
+      const change = (body) => act("PATCH", `/downloads/${id}`, body);
+      li.querySelector(".up").addEventListener("click", () => change({ priority: (downloads.get(id)?.priority ?? 0) + 1 }));
+      li.querySelector(".down").addEventListener("click", () => change({ priority: (downloads.get(id)?.priority ?? 0) - 1 }));
+      li.querySelector(".front").addEventListener("click", () => change({ position: "front" }));
+      li.querySelector(".item-limit").addEventListener("change", (e) => {
+        const text = e.target.value.trim();
+        change({ speedLimit: text === "" || Number(text) <= 0 ? null : Math.round(Number(text) * 1048576) });
+      });
       li.querySelector(".remove").addEventListener("click", () => {
         const finished = downloads.get(id)?.state === "completed";
         if (finished && !confirm("Remove it from the list? The file stays on disk.")) return;
@@ -195,6 +203,13 @@ function drawItem(li, d) {
   li.querySelector(".resume").hidden = d.state !== "paused";
   li.querySelector(".retry").hidden = d.state !== "failed";
   li.querySelector(".reason").textContent = d.error ? d.error.message : "";
+  li.querySelector(".priority").textContent = d.priority ? `priority ${d.priority}` : "";
+  const waiting = d.state === "waiting" || d.state === "paused";
+  li.querySelector(".front").hidden = !waiting;
+  const finished = d.state === "completed" || d.state === "failed";
+  for (const c of [".up", ".down", ".item-limit"]) li.querySelector(c).hidden = finished;
+  const limit = li.querySelector(".item-limit");
+  if (document.activeElement !== limit) limit.value = d.speedLimit == null ? "" : String(+(d.speedLimit / 1048576).toFixed(2));
 }
 
 function drawTotals() {
@@ -209,8 +224,8 @@ function drawTotals() {
   $("totals-bar").style.width = ((totals.fraction ?? 0) * 100).toFixed(1) + "%";
 }
 
-async function act(method, path) {
-  try { await call(method, path); } catch (e) { setStatus(e.message); }
+async function act(method, path, body) {
+  try { await call(method, path, body); } catch (e) { setStatus(e.message); }
 }
 
 // MARK: - Forms
@@ -246,10 +261,19 @@ $("limit-form").addEventListener("submit", async (e) => {
 
 $("pause-all").addEventListener("click", () => act("POST", "/pause-all"));
 $("resume-all").addEventListener("click", () => act("POST", "/resume-all"));
+$("clear-completed").addEventListener("click", () => act("DELETE", "/downloads?state=completed"));
+
+async function changeSettings(body) {
+  try { showSettings(await call("PATCH", "/settings", body)); } catch (err) { setStatus(err.message); }
+}
+$("order").addEventListener("change", () => changeSettings({ order: $("order").value }));
+$("all-at-once").addEventListener("change", () => changeSettings({ startsAllAtOnce: $("all-at-once").checked }));
 
 function showSettings(s) {
   $("limit").value = s.speedLimit == null ? "" : String(+(s.speedLimit / 1048576).toFixed(2));
   $("jobs").value = s.maxConcurrentDownloads;
+  $("order").value = s.order;
+  $("all-at-once").checked = s.startsAllAtOnce;
 }
 
 async function start() {
