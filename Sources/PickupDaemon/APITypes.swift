@@ -172,9 +172,7 @@ public struct APIDownloadPatch: Codable, Sendable {
         try StrictKeys.check(decoder, CodingKeys.self)
         let c = try decoder.container(keyedBy: CodingKeys.self)
         priority = try c.decodeIfPresent(Int.self, forKey: .priority)
-        if c.contains(.speedLimit) {
-            speedLimit = .some(try c.decodeNil(forKey: .speedLimit) ? nil : try c.decode(Int64.self, forKey: .speedLimit))
-        }
+        speedLimit = try c.decodeNullable(Int64.self, forKey: .speedLimit)
         position = try c.decodeIfPresent(String.self, forKey: .position)
     }
 
@@ -279,12 +277,8 @@ public struct APISettingsPatch: Codable, Sendable {
         try StrictKeys.check(decoder, CodingKeys.self)
         let c = try decoder.container(keyedBy: CodingKeys.self)
         maxConcurrentDownloads = try c.decodeIfPresent(Int.self, forKey: .maxConcurrentDownloads)
-        if c.contains(.speedLimit) {
-            speedLimit = .some(try c.decodeNil(forKey: .speedLimit) ? nil : try c.decode(Int64.self, forKey: .speedLimit))
-        }
-        if c.contains(.proxy) {
-            proxy = .some(try c.decodeNil(forKey: .proxy) ? nil : try c.decode(String.self, forKey: .proxy))
-        }
+        speedLimit = try c.decodeNullable(Int64.self, forKey: .speedLimit)
+        proxy = try c.decodeNullable(String.self, forKey: .proxy)
         order = try c.decodeIfPresent(String.self, forKey: .order)
         startsAllAtOnce = try c.decodeIfPresent(Bool.self, forKey: .startsAllAtOnce)
     }
@@ -363,5 +357,13 @@ extension APIDownload {
         }
         w.raw("]")
         return w.bytes
+    }
+}
+
+extension KeyedDecodingContainer {
+    /// A field a PATCH may leave out (nil: unchanged), set to null (`.some(nil)`), or set.
+    func decodeNullable<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T?? {
+        guard contains(key) else { return nil }
+        return .some(try decodeNil(forKey: key) ? nil : try decode(T.self, forKey: key))
     }
 }

@@ -58,9 +58,10 @@ public struct HookEvent: Sendable, Equatable {
     }
 }
 
-/// Runs hooks without a shell, one at a time per process, each within its timeout. A hook that
-/// cannot start, exits non-zero or runs out of time is reported through `report` (one line) and
-/// changes nothing about the download.
+/// Runs hooks without a shell, one at a time per process, each within its timeout (then the hook's
+/// process gets SIGTERM, and SIGKILL two seconds later; programs it started itself are its own to
+/// stop). A hook that cannot start, exits non-zero or runs out of time is reported through `report`
+/// (one line) and changes nothing about the download.
 public final class HookRunner: Sendable {
     public let hooks: Hooks
     let report: @Sendable (String) -> Void
@@ -89,9 +90,10 @@ public final class HookRunner: Sendable {
         }
     }
 
-    /// The program a command names: a path as given, else the first executable of that name in `PATH`.
+    /// The program a command names: a path as given, else the first executable of that name in
+    /// `PATH`; nil when it is not an executable file.
     public static func resolve(_ command: String) -> String? {
-        if command.contains("/") { return command }
+        if command.contains("/") { return FileManager.default.isExecutableFile(atPath: command) ? command : nil }
         let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
         return path.split(separator: ":").map { "\($0)/\(command)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
     }

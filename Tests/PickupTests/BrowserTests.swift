@@ -74,6 +74,13 @@ final class Browser: @unchecked Sendable {
         return v as? [String: String] ?? [:]
     }
 
+    /// Gives the page the token at its login form.
+    func logIn(_ token: String) async throws {
+        try await waitFor("the token form") { try await script("return !document.getElementById('login').hidden") as? Bool == true }
+        try await type("#token", token)
+        try await click("#token-form button")
+    }
+
     func screenshot() async throws -> Data {
         let r = try await send(.GET, "/session/\(session)/screenshot", raw: true)
         return try #require(Data(base64Encoded: r["value"] as? String ?? ""))
@@ -128,6 +135,21 @@ extension Data {
     init(buffer: ByteBuffer) { self = Data(buffer.readableBytesView) }
 }
 
+/// Runs `body` with a browser for the fixture's daemon; both are closed however it ends.
+func withBrowser(_ f: DaemonFixture, width: Int, height: Int, _ body: (Browser) async throws -> Void) async throws {
+    let browser = try await Browser(width: width, height: height)
+    do {
+        try await body(browser)
+    } catch {
+        Issue.record("\(error)")
+        await browser.close()
+        await f.close()
+        throw error
+    }
+    await browser.close()
+    await f.close()
+}
+
 @Suite(.serialized, .timeLimit(.minutes(3))) struct BrowserTests {
     /// The web page in a real browser at phone width: asks for the token, adds downloads from
     /// the form, shows them finish live, pauses and resumes one. Saves a screenshot
@@ -140,12 +162,9 @@ extension Data {
         f.server.set("/ubuntu-24.04-netboot.tar.gz", Resource(body: small))
         f.server.set("/dataset-part-1.parquet", Resource(body: slow, bytesPerSecond: 400_000))
         f.server.set("/dataset-part-2.parquet", Resource(body: slow, bytesPerSecond: 700_000))
-        let browser = try await Browser(width: 412, height: 915)
-        do {
+        try await withBrowser(f, width: 412, height: 915) { browser in
             try await browser.open(f.baseURL + "/")
-            try await browser.waitFor("the token form") { try await browser.script("return !document.getElementById('login').hidden") as? Bool == true }
-            try await browser.type("#token", f.daemon.token)
-            try await browser.click("#token-form button")
+            try await browser.logIn(f.daemon.token)
             try await browser.waitFor("the page to connect") {
                 try await browser.script("return document.getElementById('status').textContent") as? String == "live"
             }
@@ -186,13 +205,48 @@ extension Data {
             }
             #expect(f.root.read("dataset-part-1.parquet") == slow)
             #expect(f.root.read("dataset-part-2.parquet") == slow)
-        } catch {
-            Issue.record("\(error)")
-            await browser.close()
-            await f.close()
-            throw error
         }
-        await browser.close()
-        await f.close()
     }
+
+    /// The page's controls for what the manager can do: priority up and down, move to the front,
+    /// a download's own limit, the order and batch-mode switches, clearing completed downloads.
+    @Test(.enabled(if: Browser.driverPath != nil && Browser.chromiumPath != nil, "needs chromium and chromedriver"))
+    func thePageChangesPrioritiesLimitsOrderAndClearsCompleted() async throws {
+        let f = try await DaemonFixture { $0.maxConcurrentDownloads = 1 }
+        f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 4_000_000), bytesPerSecond: 200_000))
+        f.server.set("/a.bin", Resource(body: Resource.bytes(count: 1000)))
+        f.server.set("/b.bin", Resource(body: Resource.bytes(count: 1000)))
+        _ = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin")))
+        try await f.waitUntil { $0[1]?.state == "running" }
+        _ = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin")))
+        _ = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin")))
+        try await withBrowser(f, width: 1000, height: 900) { browser in
+            try await browser.open(f.baseURL + "/")
+            try await browser.logIn(f.daemon.token)
+            try await browser.waitFor("the downloads on the page") { try await browser.states().count == 3 }
+            try await browser.click(#"li[data-id="3"] .up"#)
+            try await browser.waitFor("b's priority raised") { try await f.client.download(3).priority == 1 }
+            try await browser.click(#"li[data-id="2"] .down"#)
+            try await browser.waitFor("a's priority lowered") { try await f.client.download(2).priority == -1 }
+            try await browser.click(#"li[data-id="2"] .front"#)
+            try await browser.waitFor("a moved to the front") { try await f.client.download(2).priority == 1 }
+            _ = try await browser.script(#"const e = document.querySelector('li[data-id="1"] .item-limit'); e.value = '0.5'; e.dispatchEvent(new Event('change')); return true"#)
+            try await browser.waitFor("the running one's limit") { try await f.client.download(1).speedLimit == 524_288 }
+            _ = try await browser.script("const e = document.getElementById('order'); e.value = 'lifo'; e.dispatchEvent(new Event('change')); return true")
+            try await browser.waitFor("LIFO") { try await f.client.settings().order == "lifo" }
+            f.server.update("/slow.bin") { $0.bytesPerSecond = nil }
+            try await browser.click("#all-at-once")
+            try await browser.waitFor("batch mode") { try await f.client.settings().startsAllAtOnce }
+            _ = try await f.client.pause(1)
+            _ = try await f.client.resume(1)
+            try await browser.waitFor("every download to finish on the page") {
+                try await browser.states() == ["1": "completed", "2": "completed", "3": "completed"]
+            }
+            try await browser.click("#clear-completed")
+            try await browser.waitFor("the list cleared on the page") { try await browser.states().isEmpty }
+            #expect(try await f.client.list().isEmpty)
+            #expect(f.root.read("a.bin") != nil, "clearing keeps the files")
+        }
+    }
+
 }

@@ -278,6 +278,8 @@ final class DaemonFixture: @unchecked Sendable {
         #expect(seen[a.id]?.state == "waiting", "the one moved to the front starts first")
         // Completed ones go together (their files stay unless asked).
         #expect(try await f.api(.DELETE, "/downloads?state=running").status == 400)
+        // Nothing changes from here on: b is done, a is paused (or done), slow is paused.
+        try await f.waitUntil { $0[b.id]?.state == "completed" }
         _ = try await f.client.pause(a.id)
         let completed = try await f.client.list(state: "completed").map(\.id)
         #expect(completed.contains(done.id))
