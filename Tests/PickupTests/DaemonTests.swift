@@ -247,6 +247,33 @@ final class DaemonFixture: @unchecked Sendable {
         await f.close()
     }
 
+    /// `serve --limit-rate` and `--order` win over the saved settings; hooks can come from the
+    /// settings file, and saving settings keeps them.
+    @Test func commandLineSettingsWinAndTheSettingsFileCarriesHooks() async throws {
+        let f = try await DaemonFixture { $0.order = .lifo; $0.speedLimit = 100_000 }
+        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 3, speedLimit: 100_000, order: "lifo"))
+        await f.stop()
+        let scripts = TempDir()
+        let log = scripts.file("log")
+        let hook = writeHook(in: scripts, log: log)
+        let settings = f.state.file("settings.json")
+        // The owner writes the hook into the file (none there yet: nothing was changed over the API).
+        let object: [String: Any] = ["maxConcurrentDownloads": 3, "onComplete": hook.string]
+        try JSONSerialization.data(withJSONObject: object).write(to: URL(fileURLWithPath: settings.string))
+        try await f.start()
+        #expect(f.daemon.hooks.onComplete == hook.string)
+        f.server.set("/s.bin", Resource(body: Resource.bytes(count: 500)))
+        let d = try await f.client.add(APIAddRequest(url: f.server.url("/s.bin")))
+        try await f.waitUntil { $0[d.id]?.state == "completed" }
+        #expect(CLI.waitFor { lines(log).count == 1 })
+        #expect(lines(log).first?.hasPrefix("completed|500|") == true)
+        _ = try await f.client.update(APISettingsPatch(maxConcurrentDownloads: 5))
+        let saved = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: settings.string))) as? [String: Any])
+        #expect(saved["onComplete"] as? String == hook.string, "saving the API's settings keeps the owner's hooks")
+        #expect(saved["maxConcurrentDownloads"] as? Int == 5)
+        await f.close()
+    }
+
     /// PATCH /downloads/{id}, GET ?url=, DELETE ?state=: what the library's manager can do, over the API.
     @Test func downloadsChangeOneByOneAndFinishedOnesAreClearedTogether() async throws {
         let f = try await DaemonFixture { $0.maxConcurrentDownloads = 1 }
