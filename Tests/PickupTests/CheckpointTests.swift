@@ -83,6 +83,26 @@ import Testing
         #expect(c.record.durableBytes == 0)
     }
 
+    @Test func nothingIsWrittenAfterTheRunEnds() {
+        var c = Self.fresh(total: 100 << 20)
+        c.update { $0.validators = Self.strong }
+        c.end()
+        #expect(c.checkpoint(written: [0: 4096]) == .none, "a checkpoint queued before the end writes nothing after it")
+        #expect(c.storeNow() == .none)
+    }
+
+    @Test func aCursorFileWithAnotherNameIsReplacedNotMapped() throws {
+        let dir = TempDir()
+        let handle = try DirectoryHandle.open(dir.path, create: false)
+        dir.write("f.pickup-pos", [1, 2, 3])
+        #expect(link(dir.file("f.pickup-pos").string, dir.file("other").string) == 0)
+        #expect(CursorFile.open("f.pickup-pos", in: handle) != nil)
+        var a = stat(), b = stat()
+        #expect(stat(dir.file("f.pickup-pos").string, &a) == 0 && stat(dir.file("other").string, &b) == 0)
+        #expect(a.st_ino != b.st_ino, "the file another name reaches is not mapped")
+        #expect(dir.read("other") == [1, 2, 3])
+    }
+
     @Test func restartingWithNothingClaimedWaitsForTheNextDescription() {
         var c = Self.fresh()
         #expect(c.restarted({ $0.totalLength = nil }) == .none)

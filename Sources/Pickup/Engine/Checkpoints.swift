@@ -24,7 +24,11 @@ struct Checkpoints: Equatable {
     private(set) var onDisk = OnDisk.nothing
     /// Bumped by every change of the record's description; a store reports the version it wrote.
     private(set) var version = 0
+    /// The version on disk (-1: none, after the file was removed).
     private var storedVersion = 0
+    /// The run is over (finished, failed or stopped): a checkpoint or store queued before its end
+    /// and run after it writes nothing (it would leave a control file beside a finished file).
+    private(set) var ended = false
 
     enum OnDisk: Equatable {
         /// No control file (none yet, or removed).
@@ -81,8 +85,11 @@ struct Checkpoints: Equatable {
 
     /// The record as it is now, to be written without fsync; nothing when it is stored already.
     func storeNow() -> Action {
-        version == storedVersion ? .none : .store(record, version: version, durable: false)
+        version == storedVersion || ended ? .none : .store(record, version: version, durable: false)
     }
+
+    /// The run is over: nothing is written from now on.
+    mutating func end() { ended = true }
 
     /// Every held byte is being discarded (`reset` makes the new, empty description): a new epoch.
     /// Returns the store to carry out before a byte of the new representation is written (when the
@@ -110,7 +117,7 @@ struct Checkpoints: Equatable {
                 more = true
             }
         }
-        return more || version != storedVersion ? .syncAndStore(next, version: version) : .none
+        return (more || version != storedVersion) && !ended ? .syncAndStore(next, version: version) : .none
     }
 
     /// Takes back ranges found written after a process was killed (``CursorFile``, same boot):

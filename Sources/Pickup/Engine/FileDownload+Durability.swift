@@ -38,6 +38,15 @@ extension FileDownload {
         cursors.filter { record.segments.indices.contains($0.key) }.mapValues { $0.written }
     }
 
+    /// Ends the run's file I/O: after any checkpoint or store in flight, nothing more is written
+    /// (see ``Checkpoints/ended``) and the partial file is closed. On the blocking-I/O pool.
+    func end(_ file: PartialFile) {
+        ioLock.withLock {
+            lock.withLock { control.end() }
+            file.close()
+        }
+    }
+
     /// Queues a checkpoint on the blocking-I/O pool unless one is queued or running already.
     func checkpointSoon() {
         guard !checkpointQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }

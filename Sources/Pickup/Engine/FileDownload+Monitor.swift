@@ -73,7 +73,10 @@ extension FileDownload {
         guard let file = lock.withLock({ file }),
             !writeBehindQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }
         BlockingIO.submit {
-            file.startWriteback()
+            // Under `ioLock`, which the run's end closes the file under: never on a closed descriptor.
+            self.ioLock.withLock {
+                if !self.lock.withLock({ self.control.ended }) { file.startWriteback() }
+            }
             self.writeBehindQueued.store(false, ordering: .releasing)
         }
     }

@@ -101,9 +101,7 @@ final class FileDownload: @unchecked Sendable {
             let basic = RequestOptions.credentials(in: request.url) { headers.append(basic) }
         userHeaders = headers
         jar = request.options.cookies
-        control = Checkpoints(record: ControlRecord(url: request.url, target: nil, validators: nil, totalLength: nil,
-                                                    segments: [SegmentRecord(start: 0, end: nil, done: 0)],
-                                                    epoch: ControlRecord.newEpoch()))
+        control = Checkpoints(record: Self.emptyRecord(url: request.url))
         resolvedURL = request.url
     }
 
@@ -162,11 +160,17 @@ final class FileDownload: @unchecked Sendable {
             stopMonitoring()
             if let (path, rec) = unchanged {
                 onEvent(.notice("already downloaded and unchanged on the server: \(path)"))
-                try await BlockingIO.run { self.discardPartialIfEmpty() }
+                try await BlockingIO.run {
+                    self.discardPartialIfEmpty()
+                    self.end(file)
+                }
                 return DownloadResult(outcome: .unchanged, path: path, size: rec.length, bytesTransferred: 0,
                                       resumedFrom: rec.length, elapsed: Clock.monotonic() - started)
             }
-            let (path, size, digest) = try await BlockingIO.run { try self.finish(file: file) }
+            let (path, size, digest) = try await BlockingIO.run {
+                defer { self.end(file) }
+                return try self.finish(file: file)
+            }
             return DownloadResult(outcome: .downloaded, path: path, size: size,
                                   bytesTransferred: transferred.load(ordering: .relaxed),
                                   resumedFrom: lock.withLock { keptFromStart },
@@ -177,6 +181,7 @@ final class FileDownload: @unchecked Sendable {
             try? await BlockingIO.run {
                 try? self.checkpointNow()
                 self.discardPartialIfEmpty()
+                self.end(file)
             }
             if error is CancellationError { throw PickupError.interrupted }
             throw error
@@ -261,15 +266,16 @@ final class FileDownload: @unchecked Sendable {
         }
         lock.withLock { control.loaded(rec) }
         // What the killed run's writers had written beyond the checkpoint, if this is the same boot.
-        let cursors = CursorFile.open(cursorName, in: dir)
-        if let cursors, let epoch = rec.epoch, let written = cursors.recovered(epoch: epoch),
+        let mapped = CursorFile.open(cursorName, in: dir)
+        if let mapped, let epoch = rec.epoch, let written = mapped.recovered(epoch: epoch),
             written.allSatisfy({ $0.end <= size }) {
             try ioLock.withLock { try perform(lock.withLock { control.recovered(written: written) }, file: file) }
         }
-        let held = record.durableBytes
+        // What the slots held is in the control file now: they start again for this run.
+        let (held, epoch) = lock.withLock { (record.durableBytes, record.epoch ?? 0) }
+        mapped?.reset(epoch: epoch)
         lock.withLock {
-            cursorFile = cursors
-            cursors?.reset(epoch: record.epoch ?? 0)
+            cursorFile = mapped
             scheduler = record.totalLength.map { makeScheduler(total: $0, claiming: nil) }
         }
         if held > 0 {

@@ -69,8 +69,19 @@ final class CursorFile: @unchecked Sendable {
 
     /// Maps `name` in `directory` (created, never through a symlink); nil when it cannot be
     /// (then progress is recorded by checkpoints only).
+    ///
+    /// A mapping is the one way a file system can trap this process (SIGBUS when the file is cut
+    /// short under it), so only a file this user owns with no other name is mapped (mode 0600:
+    /// another user cannot truncate it); anything else at the name is replaced by a new file.
     static func open(_ name: String, in directory: DirectoryHandle) -> CursorFile? {
-        guard let fd = try? directory.openFile(name, write: true, create: true, mode: 0o600) else { return nil }
+        guard var fd = try? directory.openFile(name, write: true, create: true, mode: 0o600) else { return nil }
+        var st = stat()
+        if fstat(fd.rawValue, &st) != 0 || st.st_uid != geteuid() || st.st_nlink != 1 {
+            try? fd.close()
+            directory.remove(name)
+            guard let fresh = try? directory.openFile(name, write: true, create: true, exclusive: true, mode: 0o600) else { return nil }
+            fd = fresh
+        }
         defer { try? fd.close() }
         guard let size = try? fd.seek(offset: 0, from: .end) else { return nil }
         if size != Int64(byteCount) {

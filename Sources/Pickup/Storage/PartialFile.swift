@@ -1,3 +1,4 @@
+import Atomics
 import CPickupShims
 import SystemPackage
 
@@ -16,6 +17,7 @@ public final class PartialFile: Sendable {
     /// Where the file is.
     public let path: FilePath
     let fd: FileDescriptor
+    private let closed = ManagedAtomic(false)
 
     /// Opens (creating if needed) `name` in `directory` for reading and writing, without
     /// truncating it and never through a symlink at that name.
@@ -108,9 +110,10 @@ public final class PartialFile: Sendable {
         flock(fd.rawValue, LOCK_EX | LOCK_NB) == 0
     }
 
-    /// Closes the descriptor; the file stays.
+    /// Closes the descriptor (once, however often it is called: a second close could close a
+    /// descriptor number the process has reused); the file stays.
     public func close() {
-        try? fd.close()
+        if !closed.exchange(true, ordering: .acquiringAndReleasing) { try? fd.close() }
     }
 }
 
