@@ -18,9 +18,18 @@ enum CLI {
         return "pickup"
     }
 
+    /// The working directory of every `pickup` a test starts: a temporary one, so that a
+    /// command given no directory writes nothing into the checkout.
+    static let workingDirectory: URL = {
+        let p = NSTemporaryDirectory() + "pickup-test-cwd-" + UUID().uuidString
+        try? FileManager.default.createDirectory(atPath: p, withIntermediateDirectories: true)
+        return URL(fileURLWithPath: p)
+    }()
+
     static func start(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> Process {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binary)
+        p.currentDirectoryURL = workingDirectory
         p.arguments = args
         var env = ProcessInfo.processInfo.environment
         for name in ["http_proxy", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"] { env[name] = nil }

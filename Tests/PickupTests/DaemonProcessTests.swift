@@ -141,6 +141,7 @@ struct ServeProcess {
         _ = FileManager.default.createFile(atPath: watchLog.string, contents: nil)
         let watch = Process()
         watch.executableURL = URL(fileURLWithPath: CLI.binary)
+        watch.currentDirectoryURL = CLI.workingDirectory
         watch.arguments = ["watch"] + s
         watch.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: watchLog.string))
         watch.standardError = FileHandle.nullDevice
@@ -182,6 +183,7 @@ extension CLI {
     static func output(_ args: [String]) throws -> (status: Int32, text: String) {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binary)
+        p.currentDirectoryURL = workingDirectory
         p.arguments = args
         let pipe = Pipe()
         p.standardOutput = pipe

@@ -372,7 +372,7 @@ import TestServer
         for (i, n) in sizes.enumerated() {
             f.server.set("/p\(i).bin", Resource(body: Array(body.prefix(n)), bytesPerSecond: 4 * 1024 * 1024))
         }
-        let results = try await withThrowingTaskGroup(of: (Int, [DownloadProgress], Int).self) { group in
+        let results = try await withThrowingTaskGroup(of: (Int, [DownloadProgress], ManagedAtomic<Int>).self) { group in
             for i in sizes.indices {
                 group.addTask {
                     let log = EventLog()
@@ -385,11 +385,11 @@ import TestServer
                         log.record(event)
                     }
                     returned.store(true, ordering: .relaxed)
-                    return (i, log.progress, late.load(ordering: .relaxed))
+                    return (i, log.progress, late)
                 }
             }
             // The late events of the first ones are counted once the last one is done.
-            var all: [(Int, [DownloadProgress], Int)] = []
+            var all: [(Int, [DownloadProgress], ManagedAtomic<Int>)] = []
             for try await r in group { all.append(r) }
             return all
         }
@@ -398,8 +398,15 @@ import TestServer
             #expect(progress.allSatisfy { $0.totalBytes == nil || $0.totalBytes == Int64(sizes[i]) })
             #expect(f.dir.read("p\(i).bin") == Array(body.prefix(sizes[i])))
         }
-        // Counted after every download ended: the first ones' late events would have come by now.
-        #expect(results.map(\.2).reduce(0, +) == 0)
+        // Counted after every download ended and after one more download on the same downloader
+        // (its progress means the shared monitor ticked again): a late event would have come by now.
+        f.server.set("/after.bin", Resource(body: Array(body.prefix(400_000)), bytesPerSecond: 4 * 1024 * 1024))
+        let after = EventLog()
+        _ = try await f.downloader.download(DownloadRequest(url: f.server.url("/after.bin"), destination: .directory(f.dir.path))) {
+            after.record($0)
+        }
+        #expect(!after.progress.isEmpty, "the monitor did not tick again")
+        #expect(results.map { $0.2.load(ordering: .relaxed) }.reduce(0, +) == 0)
         await f.close()
     }
 

@@ -11,6 +11,7 @@ extension CLI {
     static func capture(_ args: [String], state: FilePath) throws -> (status: Int32, out: String, err: String) {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binary)
+        p.currentDirectoryURL = workingDirectory
         p.arguments = args
         var env = ProcessInfo.processInfo.environment
         env["PICKUP_STATE_DIR"] = state.string
@@ -113,7 +114,8 @@ func jsonObjects(_ text: String) throws -> [[String: Any]] {
         #expect(r.status == 0)
         #expect(r.err.contains("ran out of time"))
         #expect(lines(log).count == 1, "the hook ran: \(lines(log))")
-        #expect(try CLI.capture(["get", server.url("/t.bin"), "--on-complete", "/nonexistent/hook"], state: state.path).status == 2)
+        #expect(try CLI.capture(["get", server.url("/t.bin"), "-d", dir.path.string, "--on-complete", "/nonexistent/hook"],
+                                state: state.path).status == 2)
         await server.stop()
     }
 

@@ -16,4 +16,14 @@ int pickup_openat(int dirfd, const char *path, int flags, unsigned int mode);
 /// Starts writing a file's dirty pages to disk without waiting for them (Linux
 /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`; elsewhere nothing), so that a later fsync has less to wait for.
 int pickup_start_writeback(int fd);
+/// Maps `length` bytes of `fd` shared, read and write, and guards the mapping: a SIGBUS inside it
+/// (the file was cut short under the mapping, or its blocks could not be allocated) replaces the
+/// faulting page with anonymous memory instead of ending the process, and is counted. Returns the
+/// address, or NULL with errno set. The first call installs the SIGBUS handler; a fault outside
+/// every guarded mapping goes to the handler that was there before (or the default action).
+void *pickup_map_guarded(int fd, size_t length);
+/// Unmaps a mapping made by `pickup_map_guarded`.
+void pickup_unmap_guarded(void *base, size_t length);
+/// How many faults in guarded mappings were absorbed since the process started.
+long pickup_guarded_faults(void);
 #endif

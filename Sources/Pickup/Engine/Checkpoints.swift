@@ -120,11 +120,10 @@ struct Checkpoints: Equatable {
         return (more || version != storedVersion) && !ended ? .syncAndStore(next, version: version) : .none
     }
 
-    /// Takes back ranges found written after a process was killed (``CursorFile``, same boot):
-    /// the record that claims them, for the caller to fsync the data and store before anything
-    /// else; nothing when they add no byte.
-    mutating func recovered(written: [(start: Int64, end: Int64)]) -> Action {
-        let merged = record.merging(written: written)
+    /// Takes back ranges found written after a process was killed (``Recovery``, from the
+    /// ``CursorFile`` of the same boot): the record with `merged` ranges, for the caller to fsync
+    /// the data and store before anything else; nothing when they add no byte.
+    func recovered(_ merged: [SegmentRecord]) -> Action {
         guard merged != record.segments else { return .none }
         var next = record
         next.segments = merged

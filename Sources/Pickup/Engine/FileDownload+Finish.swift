@@ -103,6 +103,7 @@ extension FileDownload {
 
     /// Renames the partial file to `name`; false when something appeared there and overwriting is off.
     func place(as name: String) throws(PickupError) -> Bool {
+        do { try TestFaults.check(.finish) } catch { throw .fileSystem(dir.pathOf(name).string, error) }
         if request.overwrite {
             try dir.rename(partialName, to: name)
             return true

@@ -208,7 +208,9 @@ final class FileDownload: @unchecked Sendable {
                 try file.truncate(to: 0)
             }
             var conditional: (FilePath, CompletionRecord)? = nil
-            if try !loadControlFile(file) {
+            // Nothing held (also after a kill between the finishing rename and the control file's
+            // removal): a finished file of this URL is checked instead of fetched again.
+            if try !loadControlFile(file) || lock.withLock({ heldBytes() }) == 0 {
                 if let found = store.lookup(url: request.url, in: dir, name: fixedName) {
                     guard let v = found.1.validators, v.canRevalidate else {
                         onEvent(.notice("already downloaded: \(found.0) (the server gave no validator to check it against)"))
@@ -235,54 +237,43 @@ final class FileDownload: @unchecked Sendable {
     }
 
     /// Loads a trustworthy control file for this URL, with what the cursors of a run killed in this
-    /// boot add; returns whether there is something to resume. On the blocking-I/O pool, at the start.
+    /// boot add, as ``Recovery`` decides; returns whether there is something to resume. On the
+    /// blocking-I/O pool, at the start.
     func loadControlFile(_ file: PartialFile) throws -> Bool {
-        let controlExists = dir.exists(controlName)
-        let exists = controlExists || (dir.size(partialName) ?? 0) > 0
-        guard let rec = ControlFile.load(controlName, in: dir) else {
-            if exists {
-                onEvent(.notice(controlExists
-                    ? "the partial download's control file is damaged; starting over"
-                    : "the partial download ended before its first checkpoint; starting over"))
-                discardAll()
-            } else if dir.exists(cursorName) {
-                dir.remove(cursorName)
+        let record = ControlFile.load(controlName, in: dir)
+        // The cursor file is opened (and so kept) only for a download with a control file.
+        let mapped = record == nil ? nil : CursorFile.open(cursorName, in: dir)
+        let found = Recovery.Found(record: record, controlExists: record != nil || dir.exists(controlName),
+                                   partialSize: (try? file.size()) ?? 0,
+                                   written: record?.epoch.flatMap { mapped?.recovered(epoch: $0) })
+        let durable = record?.durableBytes ?? 0
+        switch Recovery.decide(found, url: request.url) {
+        case .fresh:
+            if dir.exists(cursorName) { dir.remove(cursorName) }
+            return false
+        case .startOver(let why):
+            onEvent(.notice(why))
+            discardAll()
+            return false
+        case .resume(let rec, let merged):
+            lock.withLock { control.loaded(rec) }
+            if let merged {
+                try ioLock.withLock { try perform(lock.withLock { control.recovered(merged) }, file: file) }
             }
-            return false
-        }
-        let extent = rec.segments.map { $0.start + $0.done }.max() ?? 0
-        guard rec.url == request.url, let size = dir.size(partialName), size >= extent else {
-            onEvent(.notice(rec.url == request.url
-                ? "the partial file is missing or shorter than recorded; starting over"
-                : "a partial download of another URL (\(DownloadURL.redacted(rec.url))) was at this path; starting over"))
-            discardAll()
-            return false
-        }
-        let durable = rec.durableBytes
-        if durable > 0, rec.validators?.ifRange == nil, durable != rec.totalLength {
-            onEvent(.notice("cannot resume safely: the server gave no strong validator (ETag or Last-Modified), so old and new bytes could be mixed; starting over"))
-            discardAll()
-            return false
-        }
-        lock.withLock { control.loaded(rec) }
-        // What the killed run's writers had written beyond the checkpoint, if this is the same boot.
-        let mapped = CursorFile.open(cursorName, in: dir)
-        if let mapped, let epoch = rec.epoch, let written = mapped.recovered(epoch: epoch),
-            written.allSatisfy({ $0.end <= size }) {
-            try ioLock.withLock { try perform(lock.withLock { control.recovered(written: written) }, file: file) }
         }
         // What the slots held is in the control file now: they start again for this run.
-        let (held, epoch) = lock.withLock { (record.durableBytes, record.epoch ?? 0) }
-        mapped?.reset(epoch: epoch)
+        let now = lock.withLock { self.record }
+        mapped?.reset(epoch: now.epoch ?? 0)
         lock.withLock {
             cursorFile = mapped
-            scheduler = record.totalLength.map { makeScheduler(total: $0, claiming: nil) }
+            scheduler = now.totalLength.map { makeScheduler(total: $0, claiming: nil) }
         }
-        if held > 0 {
-            let total = record.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
-            let parts = record.segments.filter { $0.done < ($0.end ?? .max) - $0.start }.count
-            let since = held > durable ? " (\(ByteCount.format(held - durable)) of it written since the last checkpoint)" : ""
-            onEvent(.notice("resuming at \(ByteCount.format(held))\(total)" + (parts > 1 ? " in \(parts) ranges" : "") + since))
+        let heldNow = now.durableBytes
+        if heldNow > 0 {
+            let total = now.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
+            let parts = now.segments.filter { $0.done < ($0.end ?? .max) - $0.start }.count
+            let since = heldNow > durable ? " (\(ByteCount.format(heldNow - durable)) of it written since the last checkpoint)" : ""
+            onEvent(.notice("resuming at \(ByteCount.format(heldNow))\(total)" + (parts > 1 ? " in \(parts) ranges" : "") + since))
         }
         return true
     }

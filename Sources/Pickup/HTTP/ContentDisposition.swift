@@ -175,6 +175,15 @@ public enum SafeFileName {
         return truncate("\(stem) (\(n))\(ext)", maxBytes: maxBytes)
     }
 
+    /// Whether `candidate` is `numbered(name, n)` for some n >= 1.
+    public static func isNumbered(_ candidate: String, of name: String) -> Bool {
+        guard let open = candidate.lastIndex(of: "("), let close = candidate[open...].firstIndex(of: ")") else { return false }
+        let digits = candidate[candidate.index(after: open)..<close]
+        guard !digits.isEmpty, digits.count <= 9, digits.allSatisfy({ $0.isASCII && $0.isNumber }), let n = Int(digits), n >= 1
+        else { return false }
+        return numbered(name, n) == candidate
+    }
+
     /// The path of an absolute URL as written (still percent-encoded): what follows the authority,
     /// up to a query or fragment; nil when `url` has no `scheme://`.
     public static func rawPath(ofURL url: String) -> Substring? {

@@ -189,12 +189,28 @@ public struct CompletionStore: Sendable {
     /// if the file there is still the one Pickup finished: same URL and length, and either its own
     /// attribute says so or its modification time is unchanged. An index entry whose file is gone
     /// or replaced is deleted.
+    ///
+    /// The newest version is the one found: when the file had changed on the server, its new
+    /// version was saved beside the old one as `name (n).ext`, and that is what a rerun checks
+    /// against (else every rerun would save the same new version once more).
     func lookup(url: String, in directory: DirectoryHandle, name: String?) -> (FilePath, CompletionRecord)? {
         var candidates: [(String, CompletionRecord?)] = []
         let key = Self.key(directory: directory.path, url: url)
         let indexed = self.indexed(key)
-        if let rec = indexed, name == nil || rec.name == name { candidates.append((rec.name, rec)) }
-        if let name, !candidates.contains(where: { $0.0 == name }) { candidates.append((name, nil)) }
+        let ofName = { (candidate: String) in name == nil || candidate == name || SafeFileName.isNumbered(candidate, of: name!) }
+        if let rec = indexed, ofName(rec.name) { candidates.append((rec.name, rec)) }
+        if let name {
+            // Without the index (another state directory), the numbered versions, newest first.
+            var numbered: [String] = []
+            for n in 1...Self.maxVersions {
+                let candidate = SafeFileName.numbered(name, n)
+                guard directory.exists(candidate) else { break }
+                numbered.append(candidate)
+            }
+            for candidate in numbered.reversed() + [name] where !candidates.contains(where: { $0.0 == candidate }) {
+                candidates.append((candidate, nil))
+            }
+        }
         for (name, indexed) in candidates {
             guard let fd = try? directory.openFile(name, write: false) else { continue }
             defer { try? fd.close() }
@@ -203,7 +219,10 @@ public struct CompletionStore: Sendable {
             if let rec = indexed, rec.length == size, rec.mtime == FS.mtime(fd) { return (directory.pathOf(name), rec) }
         }
         // The indexed file is gone or is another file now: the entry is of no more use.
-        if let indexed, name == nil || indexed.name == name { append(Array((key + " -\n").utf8), to: bucket(of: key)) }
+        if let indexed, ofName(indexed.name) { append(Array((key + " -\n").utf8), to: bucket(of: key)) }
         return nil
     }
+
+    /// How many numbered versions of a name ``lookup(url:in:name:)`` looks at.
+    static let maxVersions = 1000
 }

@@ -131,6 +131,7 @@ public enum ControlFile {
     static func replace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle, durable: Bool = true) throws(PickupError) {
         let tmp = name + ".tmp"
         directory.remove(tmp)
+        do { try TestFaults.check(.store) } catch { throw .fileSystem(directory.pathOf(name).string, error) }
         let fd = try directory.openFile(tmp, write: true, create: true, exclusive: true, mode: 0o600)
         do {
             defer { try? fd.close() }

@@ -1,4 +1,5 @@
 import Atomics
+import CPickupShims
 import Crypto
 import SystemPackage
 
@@ -65,14 +66,21 @@ final class CursorFile: @unchecked Sendable {
 
     private init(base: UnsafeMutableRawPointer) { self.base = base }
 
-    deinit { munmap(base, Self.byteCount) }
+    deinit { pickup_unmap_guarded(base, Self.byteCount) }
 
     /// Maps `name` in `directory` (created, never through a symlink); nil when it cannot be
     /// (then progress is recorded by checkpoints only).
     ///
-    /// A mapping is the one way a file system can trap this process (SIGBUS when the file is cut
-    /// short under it), so only a file this user owns with no other name is mapped (mode 0600:
-    /// another user cannot truncate it); anything else at the name is replaced by a new file.
+    /// A mapping is the one way a file system can trap a process (SIGBUS when a page has no
+    /// block to land in, or the file is cut short under it), so:
+    /// - only a file this user owns with no other name is mapped (mode 0600: another user cannot
+    ///   truncate it); anything else at the name is replaced by a new file;
+    /// - every block is allocated before the mapping (its content read and written back, and on
+    ///   Linux `posix_fallocate`): on a full disk that fails here and the run goes on without
+    ///   cursors, instead of faulting at the first store;
+    /// - the mapping is guarded (`pickup_map_guarded`): should a page fault anyway (the file
+    ///   truncated by its owner while mapped), the page becomes anonymous memory and the run goes
+    ///   on; the next run finds the file short and trusts nothing in it.
     static func open(_ name: String, in directory: DirectoryHandle) -> CursorFile? {
         guard var fd = try? directory.openFile(name, write: true, create: true, mode: 0o600) else { return nil }
         var st = stat()
@@ -87,10 +95,34 @@ final class CursorFile: @unchecked Sendable {
         if size != Int64(byteCount) {
             guard (try? fd.resize(to: 0)) != nil, (try? fd.resize(to: Int64(byteCount))) != nil else { return nil }
         }
-        guard let p = mmap(nil, byteCount, PROT_READ | PROT_WRITE, MAP_SHARED, fd.rawValue, 0), p != MAP_FAILED else {
+        guard allocate(fd) else {
+            // No room even for these 64 KiB: a file of holes would fault at the first store.
+            directory.remove(name)
             return nil
         }
+        guard let p = pickup_map_guarded(fd.rawValue, byteCount) else { return nil }
         return CursorFile(base: p)
+    }
+
+    /// Gives every page of the file a block, keeping its content; false when the file system
+    /// has no room (or fails).
+    private static func allocate(_ fd: FileDescriptor) -> Bool {
+        do {
+            try TestFaults.check(.cursor)
+            #if os(Linux)
+            let r = posix_fallocate(fd.rawValue, 0, off_t(byteCount))
+            if r != 0 && r != EOPNOTSUPP && r != EINVAL { return false }
+            #endif
+            // Written back as read: blocks for every page (ext4 reserves them at the write; file
+            // systems without fallocate allocate them here).
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: byteCount, alignment: 16)
+            defer { buffer.deallocate() }
+            let n = try fd.read(fromAbsoluteOffset: 0, into: buffer)
+            guard n == byteCount else { return false }
+            return try fd.writeAll(toAbsoluteOffset: 0, UnsafeRawBufferPointer(buffer)) == byteCount
+        } catch {
+            return false
+        }
     }
 
     /// Header word `i` (raw loads and stores: the slots are bound to atomics as they are used).

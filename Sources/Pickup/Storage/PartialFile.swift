@@ -41,6 +41,7 @@ public final class PartialFile: Sendable {
     /// Writes all of `bytes` at `offset`. This is the per-chunk path: no allocation.
     @inline(__always)
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(Errno) {
+        try TestFaults.check(.write, amount: Int64(bytes.count))
         var done = 0
         while done < bytes.count {
             let n: Int
@@ -56,7 +57,10 @@ public final class PartialFile: Sendable {
 
     /// Makes every byte written so far durable.
     public func sync() throws(PickupError) {
-        do { try FS.fsync(fd) } catch { throw .io(path.string, error) }
+        do {
+            try TestFaults.check(.sync)
+            try FS.fsync(fd)
+        } catch { throw .io(path.string, error) }
     }
 
     /// Starts writing the dirty pages to disk, not waiting for them (write-behind: the fsync at a
@@ -77,7 +81,10 @@ public final class PartialFile: Sendable {
 
     /// Cuts or extends the file to `length` bytes.
     public func truncate(to length: Int64) throws(PickupError) {
-        do { try fd.resize(to: length) } catch { throw .io(path.string, error) }
+        do {
+            try TestFaults.check(.truncate)
+            try fd.resize(to: length)
+        } catch { throw .io(path.string, error) }
     }
 
     /// Reserves `length` bytes on disk so that a full disk is reported at the start, not at 99 %:

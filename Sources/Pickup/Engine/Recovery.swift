@@ -1,0 +1,70 @@
+/// What a run may take back from what an earlier run of the same download left on disk: the one
+/// place where that is decided. Pure: ``FileDownload`` gathers the facts (the control file's
+/// record, the partial file's size, what the cursor file vouches for) and carries out the
+/// decision.
+///
+/// The rules (ARCHITECTURE.md, "Recovery"):
+/// 1. No trustworthy control file: nothing is held. A partial file or a damaged control file
+///    without one is discarded (it cannot say which representation its bytes are of).
+/// 2. A control file of another URL is discarded.
+/// 3. Every byte the control file claims must be inside the partial file; a range that claims
+///    nothing needs no byte (the partial file is not preallocated). Else everything is discarded.
+/// 4. What the cursor file vouches for (same boot, same epoch: ``CursorFile/recovered(epoch:)``)
+///    is added only when all of it lies inside the partial file.
+/// 5. Held bytes (claimed and recovered) are kept across runs only with a strong validator,
+///    which the next request sends in `If-Range` and the response must confirm. Else everything
+///    is discarded, so that bytes of two versions are never combined.
+/// 6. A complete file (killed while finishing) is confirmed too: its last byte is asked again
+///    with `If-Range`, so that a file changed since is fetched anew, not put in place as current.
+enum Recovery {
+    /// What an earlier run left.
+    struct Found {
+        /// The control file's record, when one loads and checks out.
+        var record: ControlRecord?
+        /// Whether something is at the control file's name (a damaged one when `record` is nil).
+        var controlExists: Bool
+        /// The partial file's size (0 when it is empty or new).
+        var partialSize: Int64
+        /// What the cursor file vouches for, when it belongs to this boot and the record's epoch.
+        var written: [(start: Int64, end: Int64)]?
+    }
+
+    enum Decision: Equatable {
+        /// Nothing to take back: a fresh start.
+        case fresh
+        /// Discard every held byte and helper file, and say why.
+        case startOver(String)
+        /// Resume from `record` (as loaded); `merged`: the ranges with what the cursors add,
+        /// to be made durable (fsync, then store) before anything else; nil when they add nothing.
+        case resume(ControlRecord, merged: [SegmentRecord]?)
+    }
+
+    static func decide(_ found: Found, url: String) -> Decision {
+        guard let record = found.record else {
+            if found.controlExists { return .startOver("the partial download's control file is damaged; starting over") }
+            if found.partialSize > 0 { return .startOver("the partial download ended before its first checkpoint; starting over") }
+            return .fresh
+        }
+        guard record.url == url else {
+            return .startOver("a partial download of another URL (\(DownloadURL.redacted(record.url))) was at this path; starting over")
+        }
+        let claimed = record.segments.filter { $0.done > 0 }.map { $0.start + $0.done }.max() ?? 0
+        guard found.partialSize >= claimed, record.segments.allSatisfy({ $0.done >= 0 && $0.start >= 0 }) else {
+            return .startOver("the partial file is missing or shorter than recorded; starting over")
+        }
+        var segments = record.segments
+        if let written = found.written, written.allSatisfy({ $0.start >= 0 && $0.start <= $0.end && $0.end <= found.partialSize }) {
+            segments = record.merging(written: written)
+        }
+        let held = segments.reduce(0) { $0 + $1.done }
+        if held > 0, record.validators?.ifRange == nil {
+            return .startOver("cannot resume safely: the server gave no strong validator (ETag or Last-Modified), so old and new bytes could be mixed; starting over")
+        }
+        if held > 0, held == record.totalLength, let last = segments.indices.max(by: { segments[$0].start < segments[$1].start }),
+            segments[last].done > 0
+        {
+            segments[last].done -= 1
+        }
+        return .resume(record, merged: segments == record.segments ? nil : segments)
+    }
+}

@@ -1,0 +1,208 @@
+import Foundation
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// ``Recovery``'s rules, without files.
+@Suite struct RecoveryRuleTests {
+    static let strong = Validators(etag: EntityTag("\"a\""), lastModified: nil, lastModifiedIsStrong: false)
+
+    static func record(validators: Validators?, segments: [SegmentRecord], total: Int64? = 1000) -> ControlRecord {
+        ControlRecord(url: "http://h/f", target: nil, validators: validators, totalLength: total, segments: segments, epoch: 1)
+    }
+
+    @Test func cursorsWithoutAStrongValidatorAreNeverTakenBack() {
+        // The splice: a control file that claims nothing (written before the first checkpoint) and
+        // cursors that vouch for bytes, of a server with no validator.
+        let r = Self.record(validators: nil, segments: [SegmentRecord(start: 0, end: 1000, done: 0)])
+        let found = Recovery.Found(record: r, controlExists: true, partialSize: 600, written: [(0, 600)])
+        guard case .startOver(let why) = Recovery.decide(found, url: "http://h/f") else {
+            Issue.record("bytes of a representation without a validator were kept across runs")
+            return
+        }
+        #expect(why.contains("no strong validator"))
+        let weak = Validators(etag: EntityTag("W/\"a\""), lastModified: nil, lastModifiedIsStrong: false)
+        let w = Recovery.Found(record: Self.record(validators: weak, segments: r.segments), controlExists: true,
+                               partialSize: 600, written: [(0, 600)])
+        #expect(Recovery.decide(w, url: "http://h/f") != .resume(Self.record(validators: weak, segments: r.segments), merged: [SegmentRecord(start: 0, end: 1000, done: 600)]))
+        if case .resume = Recovery.decide(w, url: "http://h/f") { Issue.record("a weak ETag resumed across runs") }
+    }
+
+    @Test func aCompleteFileIsConfirmedBeforeItIsPutInPlace() {
+        // Without a validator nothing can confirm it: fetched again.
+        let r = Self.record(validators: nil, segments: [SegmentRecord(start: 0, end: 1000, done: 1000)])
+        let found = Recovery.Found(record: r, controlExists: true, partialSize: 1000, written: nil)
+        if case .resume = Recovery.decide(found, url: "http://h/f") { Issue.record("a complete file was kept unconfirmed") }
+        // With one, its last byte is asked again (with If-Range).
+        let s = Self.record(validators: Self.strong, segments: [SegmentRecord(start: 0, end: 500, done: 500), SegmentRecord(start: 500, end: 1000, done: 300)])
+        let complete = Recovery.Found(record: s, controlExists: true, partialSize: 1000, written: [(500, 1000)])
+        #expect(Recovery.decide(complete, url: "http://h/f") == .resume(s, merged: [SegmentRecord(start: 0, end: 1000, done: 999)]))
+    }
+
+    @Test func rangesThatClaimNothingNeedNoBytesInThePartialFile() {
+        // Eight ranges planned, none checkpointed, the file not preallocated: nothing is missing.
+        let segments = (0..<8).map { SegmentRecord(start: Int64($0) * 125, end: Int64($0 + 1) * 125, done: 0) }
+        let r = Self.record(validators: Self.strong, segments: segments)
+        let found = Recovery.Found(record: r, controlExists: true, partialSize: 300, written: [(0, 300), (125, 140)])
+        guard case .resume(_, let merged?) = Recovery.decide(found, url: "http://h/f") else {
+            Issue.record("a download whose ranges claim nothing was started over")
+            return
+        }
+        #expect(merged.reduce(0) { $0 + $1.done } == 300)
+        // A claim past the file's end is not.
+        var claiming = segments
+        claiming[7].done = 10
+        let short = Recovery.Found(record: Self.record(validators: Self.strong, segments: claiming), controlExists: true,
+                                   partialSize: 300, written: nil)
+        #expect(Recovery.decide(short, url: "http://h/f") == .startOver("the partial file is missing or shorter than recorded; starting over"))
+    }
+
+    @Test func cursorsPastTheFileAreIgnoredAndOtherFindingsDecided() {
+        let r = Self.record(validators: Self.strong, segments: [SegmentRecord(start: 0, end: 1000, done: 100)])
+        let past = Recovery.Found(record: r, controlExists: true, partialSize: 200, written: [(0, 500)])
+        #expect(Recovery.decide(past, url: "http://h/f") == .resume(r, merged: nil))
+        #expect(Recovery.decide(.init(record: nil, controlExists: false, partialSize: 0, written: nil), url: "u") == .fresh)
+        if case .startOver = Recovery.decide(.init(record: nil, controlExists: true, partialSize: 0, written: nil), url: "u") {} else {
+            Issue.record("a damaged control file was trusted")
+        }
+        if case .startOver = Recovery.decide(.init(record: nil, controlExists: false, partialSize: 5, written: nil), url: "u") {} else {
+            Issue.record("a partial file without a control file was trusted")
+        }
+        if case .startOver = Recovery.decide(.init(record: r, controlExists: true, partialSize: 200, written: nil), url: "http://other/f") {} else {
+            Issue.record("a control file of another URL was trusted")
+        }
+    }
+}
+
+/// The findings of the recovery review, each against a real `pickup` process.
+@Suite(.serialized) struct RecoveryProcessTests {
+    /// No ETag, no Last-Modified; killed before the first checkpoint; the file changes (same
+    /// size): the rerun must not combine the old bytes the cursors vouch for with new ones.
+    @Test func cursorsOfAServerWithoutValidatorsAreNotSplicedWithANewVersion() async throws {
+        let server = try await TestServer.start()
+        let size = 8 * 1024 * 1024
+        let old = Resource.bytes(count: size, seed: 1), new = Resource.bytes(count: size, seed: 2)
+        server.set("/n.bin", Resource(body: old, etag: nil, bytesPerSecond: 2 * 1024 * 1024))
+        let dir = TempDir(), state = TempDir()
+        let out = dir.file("n.bin")
+        let args = ["get", server.url("/n.bin"), "-o", out.string, "-q", "-x", "1"]
+        let p = try CLI.start(args, state: state.path)
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        // Killed after some bytes and before the first checkpoint (1 s).
+        #expect(CLI.waitFor { server.bytesSent("/n.bin") >= 600_000 || !p.isRunning })
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+        #expect(p.terminationReason == .uncaughtSignal)
+        #expect(heldAfterKill(out).written > 0, "the cursors vouch for bytes (else this tests nothing)")
+        server.set("/n.bin", Resource(body: new, etag: nil))
+        let first = server.requests("/n.bin").count
+        #expect(try CLI.run(args, state: state.path) == 0)
+        let same = dir.read("n.bin") == new
+        #expect(same, "old and new bytes were combined")
+        #expect(server.requests("/n.bin").dropFirst(first).allSatisfy { $0.headers["range"]?.hasPrefix("bytes=0-") != false })
+        await server.stop()
+    }
+
+    /// Last-Modified only, 8 connections, killed while its connections are opening (ranges
+    /// planned, none checkpointed, the file not preallocated): the rerun resumes.
+    @Test func aKillWhileConnectionsOpenDoesNotStartOver() async throws {
+        let server = try await TestServer.start()
+        let size = 16 * 1024 * 1024
+        let body = Resource.bytes(count: size, seed: 3)
+        var r = Resource(body: body, etag: nil, bytesPerSecond: 256 * 1024)
+        r.lastModified = "Sun, 22 Nov 2026 08:00:00 GMT"
+        server.set("/m.bin", r)
+        let dir = TempDir(), state = TempDir()
+        let out = dir.file("m.bin")
+        let args = ["get", server.url("/m.bin"), "-o", out.string, "-q", "-x", "8"]
+        let p = try CLI.start(args, state: state.path)
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        #expect(CLI.waitFor { server.requests("/m.bin").count >= 4 || !p.isRunning })
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+        let held = heldAfterKill(out)
+        let sent = Int64(server.bytesSent("/m.bin"))
+        server.update("/m.bin") { $0.bytesPerSecond = nil }
+        let first = server.requests("/m.bin").count
+        #expect(try CLI.run(args, state: state.path) == 0)
+        let same = dir.read("m.bin") == body
+        #expect(same)
+        let again = Int64(server.requests("/m.bin").dropFirst(first).reduce(0) { $0 + $1.bytesSent })
+        #expect(again <= Int64(size) - held.written + 8 * 65536, "the rerun fetched \(again) of \(size) bytes (\(held.written) held, \(sent) sent before)")
+        await server.stop()
+    }
+
+    /// A file that changed after it was finished is saved once beside the old one, not once per rerun.
+    @Test func aChangedFileIsSavedOnceNotOncePerRerun() async throws {
+        let server = try await TestServer.start()
+        let v1 = Resource.bytes(count: 100_000, seed: 4), v2 = Resource.bytes(count: 100_000, seed: 5)
+        server.set("/c.bin", Resource(body: v1, etag: "\"1\""))
+        let dir = TempDir(), state = TempDir()
+        let args = ["get", server.url("/c.bin"), "-o", dir.file("out.bin").string, "-q"]
+        #expect(try CLI.run(args, state: state.path) == 0)
+        server.set("/c.bin", Resource(body: v2, etag: "\"2\""))
+        for _ in 0..<3 { #expect(try CLI.run(args, state: state.path) == 0) }
+        #expect(dir.entries == ["out (1).bin", "out.bin"])
+        let (first, second) = (dir.read("out.bin") == v1, dir.read("out (1).bin") == v2)
+        #expect(first && second)
+        // Without the index (another state directory), the numbered file's own record says so.
+        let other = TempDir()
+        #expect(try CLI.run(args, state: other.path) == 0)
+        #expect(dir.entries == ["out (1).bin", "out.bin"])
+        await server.stop()
+    }
+}
+
+/// A full disk and a cursor file cut short never end the process with a signal.
+@Suite(.serialized, .enabled(if: getuid() == 0, "mounting a small tmpfs needs root"))
+struct MappedFileTests {
+    @Test func aCompletelyFullDiskExitsSixNotSIGBUS() async throws {
+        let disk = try #require(SmallDisk(megabytes: 8), "mounting a small tmpfs failed")
+        // Fill it to the last block.
+        let filler = disk.path.appending("filler").string
+        let fd = open(filler, O_WRONLY | O_CREAT, 0o600)
+        #expect(fd >= 0)
+        var block = [UInt8](repeating: 7, count: 4096)
+        while block.withUnsafeMutableBytes({ write(fd, $0.baseAddress, 4096) }) > 0 {}
+        close(fd)
+        let server = try await TestServer.start()
+        let body = Resource.bytes(count: 3 * 1024 * 1024, seed: 6)
+        server.set("/full.bin", Resource(body: body, bytesPerSecond: 4 * 1024 * 1024))
+        let state = TempDir()
+        let p = try CLI.start(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path)
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        #expect(CLI.waitFor(seconds: 120) { !p.isRunning })
+        p.waitUntilExit()
+        #expect(p.terminationReason == .exit, "ended by signal \(p.terminationStatus)")
+        #expect(p.terminationStatus == 6)
+        // With room again, the same command finishes.
+        #expect(unlink(filler) == 0)
+        #expect(try CLI.run(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path) == 0)
+        let same = FileManager.default.contents(atPath: disk.path.appending("full.bin").string).map(Array.init) == body
+        #expect(same)
+        await server.stop()
+    }
+
+    @Test func aCursorFileCutShortWhileMappedEndsNoProcess() async throws {
+        let server = try await TestServer.start()
+        let body = Resource.bytes(count: 6 * 1024 * 1024, seed: 7)
+        server.set("/cut.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
+        let dir = TempDir(), state = TempDir()
+        let out = dir.file("cut.bin")
+        let cursor = out.string + SafeFileName.cursorSuffix
+        let p = try CLI.start(["get", server.url("/cut.bin"), "-o", out.string, "-q", "-x", "2"], state: state.path)
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        #expect(CLI.waitFor { FS.size(FilePath(cursor)) == Int64(CursorFile.byteCount) && server.bytesSent("/cut.bin") > 500_000 })
+        #expect(truncate(cursor, 0) == 0)
+        server.update("/cut.bin") { $0.bytesPerSecond = 4 * 1024 * 1024 }
+        #expect(CLI.waitFor(seconds: 120) { !p.isRunning })
+        p.waitUntilExit()
+        #expect(p.terminationReason == .exit, "ended by signal \(p.terminationStatus)")
+        #expect(p.terminationStatus == 0)
+        let same = dir.read("cut.bin") == body
+        #expect(same)
+        await server.stop()
+    }
+}

@@ -1,0 +1,245 @@
+import Foundation
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// The torture test: real `pickup get` processes against the test server, explored at random.
+///
+/// Each trial picks a validator kind (strong ETag, Last-Modified only, weak ETag only, none), 1 to
+/// 16 connections, a size and a rate; kills the process 1 to 3 times at random moments (in its
+/// first milliseconds, after some bytes, or once every byte is sent: the finishing rename);
+/// sometimes changes the file between runs; sometimes makes a run's file operations fail
+/// (`PICKUP_TEST_FAULTS`: ENOSPC, EIO, EDQUOT on writes, fsyncs, control files, the cursor file,
+/// the rename); then runs to the end, and once more. The invariants:
+/// - no process ends by a signal other than the test's SIGKILL;
+/// - a run that ends by itself exits 0, or 6 when a fault was injected into it;
+/// - exit 0 means the file holds exactly the server's current bytes;
+/// - a finished file never changes afterwards, and each version is saved once (a rerun after a
+///   change saves the new version beside the old one, and further reruns save nothing);
+/// - with a strong validator and no change, a kill costs at most 64 KiB per connection plus what
+///   was in flight: the server paces each connection in chunks, and under CI's load the killed
+///   reader may be up to four of them behind (a download of up to 1 MiB killed before its first
+///   checkpoint keeps no control file and is fetched again whole: at most its size).
+///
+/// `PICKUP_TORTURE_SEED` replays a run (its seed is printed); `PICKUP_TORTURE_TRIALS` sets the
+/// number of trials (default 200).
+@Suite(.serialized) struct TortureTests {
+    enum ValidatorKind: CaseIterable { case strongETag, lastModifiedOnly, weakETagOnly, none }
+
+    /// Seeds that found bugs, replayed on every run.
+    static let fixedSeeds: [UInt64] = []
+
+    @Test func killsChangesAndFaultsNeverSpliceNorCrash() async throws {
+        #expect(FileManager.default.isExecutableFile(atPath: CLI.binary), "build the pickup binary first")
+        let env = ProcessInfo.processInfo.environment
+        let seed = env["PICKUP_TORTURE_SEED"].flatMap { UInt64($0) } ?? UInt64.random(in: 1...UInt64(UInt32.max))
+        let trials = env["PICKUP_TORTURE_TRIALS"].flatMap { Int($0) } ?? 200
+        print("torture: seed \(seed), \(trials) trials (replay with PICKUP_TORTURE_SEED=\(seed))")
+        let server = try await TestServer.start()
+        let stats = TortureStats()
+        var seeds = Self.fixedSeeds + (0..<trials).map { seed &+ UInt64($0) &* 0x9E37_79B9 }
+        // One trial alone, by the seed its failure printed.
+        if let one = env["PICKUP_TORTURE_TRIAL"].flatMap({ UInt64($0) }) { seeds = [one] }
+        // Two trials at a time (one per core), each on its own path.
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            var next = 0
+            func add() {
+                guard next < seeds.count else { return }
+                let (index, trialSeed) = (next, seeds[next])
+                next += 1
+                group.addTask { try await Self.trial(index, seed: trialSeed, server: server, stats: stats) }
+            }
+            add()
+            add()
+            while try await group.next() != nil { add() }
+        }
+        print(stats.summary)
+        await server.stop()
+    }
+
+    /// One trial; every failed expectation names its seed.
+    static func trial(_ index: Int, seed: UInt64, server: TestServer, stats: TortureStats) async throws {
+        var random = SplitMix(state: seed)
+        func pick(_ n: Int) -> Int { Int(random.next() % UInt64(n)) }
+        let kind = ValidatorKind.allCases[pick(4)]
+        let connections = [1, 1, 2, 4, 8, 16, 16, 3][pick(8)]
+        let small = pick(5) == 0
+        let size = small ? 16 * 1024 + pick(1 << 20) : (1 << 20) + 256 * 1024 + pick(3 << 20)
+        let seconds = 0.2 + Double(pick(5)) / 10  // for one run, about
+        // Several connections open only with a strong validator: the rate is set for those that run.
+        let running = kind == .strongETag || kind == .lastModifiedOnly ? connections : 1
+        let rate = max(32 * 1024, Int(Double(size) / Double(running) / seconds))
+        let chunk = max(1024, min(65536, rate / 20))
+        let kills = 1 + pick(3)
+        let changeBefore = pick(3) == 0 ? 1 + pick(kills + 1) : nil  // before which run the file changes
+        let faultRun = pick(4) == 0 ? pick(kills) : nil  // never the last run, which must finish
+        let faultSpec: String = {
+            let op = ["write", "sync", "store", "cursor", "finish", "truncate"][pick(6)]
+            let error = ["ENOSPC", "EIO", "EDQUOT"][pick(3)]
+            let after = op == "write" ? pick(size) : pick(3)
+            return "\(op)=\(error)@\(after)"
+        }()
+        let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-")"
+        let path = "/t\(index)"
+        let started = Date()
+        defer { stats.took(Date().timeIntervalSince(started), label) }
+
+        func resource(version: Int) -> Resource {
+            let body = Resource.bytes(count: size, seed: seed &+ UInt64(version))
+            var r = Resource(body: body, etag: nil, bytesPerSecond: rate)
+            switch kind {
+            case .strongETag: r.etag = "\"v\(version)\""
+            case .lastModifiedOnly: r.lastModified = "Sun, 22 Nov 2026 0\(version):00:00 GMT"  // the server's Date is 10:00
+            case .weakETagOnly: r.etag = "W/\"v\(version)\""
+            case .none: break
+            }
+            return r
+        }
+        var version = 1
+        var versions = [resource(version: 1).body]
+        server.set(path, resource(version: 1))
+        let dir = TempDir(), state = TempDir()
+        let out = dir.file("f.bin")
+        let args = ["get", server.url(path), "-o", out.string, "--quiet", "-x", "\(connections)", "--retries", "20"]
+        var finished: [String: [UInt8]] = [:]  // final files seen, as they were when first seen
+
+        func checkFinishedFiles(_ when: String) {
+            for name in dir.entries where !SafeFileName.isHelperName(name) && !name.hasSuffix(".tmp") {
+                guard let bytes = dir.read(name) else { continue }
+                if let seen = finished[name] {
+                    let same = seen == bytes
+                    #expect(same, "\(label): \(name) changed after it was finished (\(when))")
+                } else {
+                    let known = versions.contains(bytes)
+                    #expect(known, "\(label): \(name) holds bytes of no version (\(when)): spliced")
+                    finished[name] = bytes
+                }
+            }
+        }
+
+        for run in 0...kills {
+            if run == changeBefore {
+                version += 1
+                server.set(path, resource(version: version))
+                versions.append(resource(version: version).body)
+            }
+            let last = run == kills
+            let environment = run == faultRun ? ["PICKUP_TEST_FAULTS": faultSpec] : [:]
+            let requestsBefore = server.requests(path).count
+            let finishedBefore = finished
+            let heldBefore = heldAfterKill(out).written
+            let p = try CLI.start(args, state: state.path, environment: environment)
+            defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+            let sentInRun = { server.requests(path).dropFirst(requestsBefore).reduce(0) { $0 + $1.bytesSent } }
+            var killed = false
+            if !last {
+                let began = Date()
+                switch pick(10) {
+                case 0, 1, 2:  // in the first milliseconds
+                    let ms = Double(pick(40)) / 1000
+                    _ = CLI.waitFor(seconds: 60) { Date().timeIntervalSince(began) >= ms || !p.isRunning }
+                case 3:  // once every byte is sent: around the finishing rename
+                    _ = CLI.waitFor(seconds: 120) { sentInRun() >= size - Int(heldBefore) || !p.isRunning }
+                default:  // after some bytes
+                    let moment = 1 + pick(max(1, size - Int(heldBefore)))
+                    _ = CLI.waitFor(seconds: 120) { sentInRun() >= moment || !p.isRunning }
+                }
+                if p.isRunning {
+                    kill(p.processIdentifier, SIGKILL)
+                    killed = true
+                }
+            }
+            // Every wait has a bound: a run (a few seconds at most) that has not ended in two
+            // minutes has hung.
+            let ended = CLI.waitFor(seconds: 120) { !p.isRunning }
+            #expect(ended, "\(label): run \(run) hung")
+            if !ended { kill(p.processIdentifier, SIGKILL) }
+            p.waitUntilExit()
+            // A process that ended by itself just before the kill was not killed.
+            if killed, p.terminationReason == .exit { killed = false }
+            if killed {
+                #expect(p.terminationReason == .uncaughtSignal && p.terminationStatus == SIGKILL, "\(label): run \(run)")
+                stats.kills(connections: connections)
+                // What the server sent to the killed run beyond what the next run takes back
+                // (unless the run finished the file before the kill: then nothing is fetched again).
+                let held = heldAfterKill(out)
+                let finishedNow = dir.entries.contains { !SafeFileName.isHelperName($0) && finishedBefore[$0] == nil }
+                if kind == .strongETag || kind == .lastModifiedOnly, run != faultRun, changeBefore != run, finishedBefore.isEmpty,
+                    !finishedNow
+                {
+                    let waste = Int64(sentInRun()) - max(0, held.written - heldBefore)
+                    let bound = size <= Int(Checkpoints.smallFile) ? Int64(size) : Int64(connections * (65536 + 4 * chunk))
+                    stats.refetched(waste, connections: connections)
+                    #expect(waste <= bound, "\(label): run \(run) killed: \(waste) bytes to fetch again (bound \(bound))")
+                }
+            } else {
+                #expect(p.terminationReason == .exit, "\(label): run \(run) ended by signal \(p.terminationStatus)")
+                let allowed: Set<Int32> = run == faultRun ? [0, 6] : [0]
+                #expect(allowed.contains(p.terminationStatus), "\(label): run \(run) exited \(p.terminationStatus)")
+                if p.terminationStatus == 0 {
+                    // The current version is there, under the name or beside the older version
+                    // (without any validator, a finished file cannot be told from a new version:
+                    // it is kept as the download).
+                    let current = versions[version - 1]
+                    let found = dir.entries.contains { !SafeFileName.isHelperName($0) && dir.read($0) == current }
+                    #expect(found || (kind == .none && !finishedBefore.isEmpty),
+                            "\(label): run \(run) exited 0 without the server's current bytes")
+                }
+            }
+            checkFinishedFiles("after run \(run)")
+            if last { break }
+        }
+        // Once more: nothing new is saved.
+        let before = dir.entries
+        let status = try CLI.run(args, state: state.path)
+        #expect(status == 0, "\(label): the rerun exited \(status)")
+        #expect(dir.entries == before, "\(label): the rerun saved another copy: \(dir.entries)")
+        checkFinishedFiles("after the rerun")
+        // One copy per version, the current one among them, no helper file left.
+        let finals = dir.entries.filter { !SafeFileName.isHelperName($0) }
+        #expect(finals == dir.entries, "\(label): helper files left: \(dir.entries)")
+        let contents = finals.compactMap { dir.read($0) }
+        let distinct = contents.indices.allSatisfy { i in !contents[..<i].contains(contents[i]) }
+        #expect(distinct, "\(label): a version saved twice: \(finals)")
+        let current = contents.contains(versions[version - 1]) || (kind == .none && !contents.isEmpty)
+        #expect(current, "\(label): the current version is missing")
+        stats.trial()
+    }
+}
+
+/// What the torture test saw, for its summary line.
+final class TortureStats: @unchecked Sendable {
+    private let lock = NSLock()
+    private var trials = 0
+    private var killCount = 0
+    private var worst: [Int: Int64] = [:]
+    private var measured: [Int: Int] = [:]
+
+    private var slowest: [(Double, String)] = []
+
+    func trial() { lock.withLock { trials += 1 } }
+    func took(_ seconds: Double, _ label: String) {
+        lock.withLock {
+            slowest.append((seconds, label))
+            slowest.sort { $0.0 > $1.0 }
+            slowest = Array(slowest.prefix(3))
+        }
+    }
+    func kills(connections: Int) { lock.withLock { killCount += 1 } }
+    func refetched(_ bytes: Int64, connections: Int) {
+        lock.withLock {
+            worst[connections] = max(worst[connections] ?? 0, bytes)
+            measured[connections, default: 0] += 1
+        }
+    }
+
+    var summary: String {
+        lock.withLock {
+            let rows = worst.keys.sorted().map { "\($0) conn: worst \(worst[$0]!) B over \(measured[$0]!) kills" }
+            return "torture: \(trials) trials, \(killCount) kills; fetched twice per kill (strong validator, no change): "
+                + rows.joined(separator: "; ") + "\nslowest: " + slowest.map { String(format: "%.1f s ", $0.0) + $0.1 }.joined(separator: "\n")
+        }
+    }
+}
