@@ -11,16 +11,11 @@ extension FileDownload {
             return
         case .store(let record, let version, let durable):
             try ControlFile.store(record, as: controlName, in: dir, durable: durable)
-            lock.withLock { control.stored(record, version: version) }
+            lock.withLock { state.stored(record, version: version) }
         case .syncAndStore(let record, let version):
             try file?.sync()
             try ControlFile.store(record, as: controlName, in: dir, durable: true)
-            lock.withLock {
-                control.stored(record, version: version)
-                for (i, s) in self.record.segments.enumerated() where scheduler?.segments.indices.contains(i) == true {
-                    scheduler?.report(i, done: s.done)
-                }
-            }
+            lock.withLock { state.stored(record, version: version) }
         }
     }
 
@@ -28,7 +23,7 @@ extension FileDownload {
     /// Waits for a checkpoint in flight. On the blocking-I/O pool.
     func checkpointNow() throws {
         try ioLock.withLock {
-            let (action, file) = lock.withLock { (control.checkpoint(written: writtenByRange()), self.file) }
+            let (action, file) = lock.withLock { (state.checkpoint(written: writtenByRange()), self.file) }
             try perform(action, file: file)
         }
     }
@@ -42,7 +37,7 @@ extension FileDownload {
     /// (see ``Checkpoints/ended``) and the partial file is closed. On the blocking-I/O pool.
     func end(_ file: PartialFile) {
         ioLock.withLock {
-            lock.withLock { control.end() }
+            lock.withLock { state.end() }
             file.close()
         }
     }
@@ -60,7 +55,7 @@ extension FileDownload {
     func storeSoon() {
         BlockingIO.submit {
             self.ioLock.withLock {
-                try? self.perform(self.lock.withLock { self.control.storeNow() }, file: nil)
+                try? self.perform(self.lock.withLock { self.state.storeNow() }, file: nil)
             }
         }
     }
@@ -70,9 +65,9 @@ extension FileDownload {
     /// cursors; else (a description that changed, of a download with a control file) on the pool.
     /// On the response's event loop, not with `lock` held.
     func storeBeforeFirstByte() {
-        guard lock.withLock({ control.onDisk == .nothing }) else { return storeSoon() }
+        guard lock.withLock({ state.onDisk == .nothing }) else { return storeSoon() }
         ioLock.withLock {
-            try? perform(lock.withLock { control.storeNow() }, file: nil)
+            try? perform(lock.withLock { state.storeNow() }, file: nil)
         }
     }
 
@@ -85,12 +80,8 @@ extension FileDownload {
         try ioLock.withLock {
             try file.truncate(to: 0)
             let action = lock.withLock { () -> Checkpoints.Action in
-                keptFromStart = 0
                 cursors = [:]
-                lastSeen = [:]
-                keeper = nil
-                scheduler = nil
-                return control.restarted(reset)
+                return state.restarted(reset)
             }
             try perform(action, file: nil)
             let (mapped, epoch) = lock.withLock { (self.cursorFile, self.record.epoch ?? 0) }

@@ -20,7 +20,7 @@ extension FileDownload {
             raw = suggested ?? fromURL ?? "download"
         }
         let target = directory.appending(freeName(for: raw)).string
-        control.update { $0.target = target }
+        state.describe { $0.target = target }
     }
 
     /// `name`, else the first `name (n).ext` with nothing at it (nor at its partial file's name).
@@ -58,10 +58,8 @@ extension FileDownload {
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).
         let action = try lock.withLock { () throws -> Checkpoints.Action in
             cursors = [:]
-            lastSeen = [:]
-            scheduler = nil
             if record.target == nil { try chooseTarget(head: nil) }
-            return control.finishing(size: size, verifying: request.checksum != nil || record.serverDigest != nil)
+            return state.finishing(size: size, verifying: request.checksum != nil || record.serverDigest != nil)
         }
         try perform(action, file: nil)
         let rec = lock.withLock { record }
@@ -94,7 +92,7 @@ extension FileDownload {
             completion.name = name
             encoded = store.attach(completion, to: file)
         }
-        if lock.withLock({ control.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
+        if lock.withLock({ state.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
         if lock.withLock({ cursorFile != nil }) { dir.remove(cursorName) }
         dir.sync()
         store.index(encoded, url: completion.url, directory: directory)

@@ -17,7 +17,7 @@ extension FileDownload {
             var openMore = false, soon = false
             var preallocate: (PartialFile, Int64)? = nil
             let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
-                self.latency = latency
+                state.latency = latency
                 guard let file else { return nil }
                 var cursor = cursor
                 if let mapped = cursorFile, !cursor.isMapped {
@@ -29,29 +29,28 @@ extension FileDownload {
                 }
                 let first = record.validators == nil || record.totalLength == nil && total != nil
                 if first {
-                    control.update { r in
+                    state.describe { r in
                         r.validators = validators
                         r.totalLength = total
                         if at == 0 || r.serverDigest == nil { r.serverDigest = Self.serverDigest(head) }
                     }
                 }
-                if scheduler == nil, let total {
-                    control.update { $0.segments[cursor.segment].end = total }
+                if state.scheduler == nil, let total {
                     cursor.end.store(min(cursor.end.load(ordering: .relaxed), total), ordering: .relaxed)
-                    scheduler = makeScheduler(total: total, claiming: cursor.segment)
+                    state.lengthKnown(total, claiming: cursor.segment)
                 }
                 // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
-                if !connectionsDecided, var s = scheduler {
-                    connectionsDecided = true
-                    if options.preallocate { preallocate = (file, s.total) }
+                if !state.connectionsDecided, let total = state.scheduler?.total {
+                    state.connectionsDecided = true
+                    if options.preallocate { preallocate = (file, total) }
                     let parallel = options.connections > 1 && validators.ifRange != nil
-                    if parallel {
-                        s.plan(connections: options.connections)
-                        cursor.end.store(s.segments[cursor.segment].end, ordering: .relaxed)
-                    }
-                    scheduler = s
-                    syncRecordShape()
-                    let running = s.segments.filter({ $0.remaining > 0 }).count
+                    let running = state.ranges { s -> Int in
+                        if parallel {
+                            s.plan(connections: options.connections)
+                            cursor.end.store(s.segments[cursor.segment].end, ordering: .relaxed)
+                        }
+                        return s.segments.filter({ $0.remaining > 0 }).count
+                    } ?? 0
                     if parallel && running > 1 {
                         if options.adaptiveConnections, tuner == nil {
                             tuner = ConnectionTuner(threads: options.transportThreads)
@@ -64,7 +63,7 @@ extension FileDownload {
                 }
                 if first || context.conditional {
                     if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                    soon = control.wantsStoreSoon
+                    soon = state.wantsStoreSoon
                 }
                 return (cursor, at, end)
             }
@@ -90,18 +89,18 @@ extension FileDownload {
                 r.serverDigest = Self.serverDigest(head)
             }
             let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
-                self.latency = latency
-                scheduler = total.map { makeScheduler(total: $0, claiming: 0) }
+                state.latency = latency
+                if let total { state.lengthKnown(total, claiming: 0) }
                 let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total, in: cursorFile)
                 cursors = [0: fresh]
                 if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                return (fresh, moreConnections, control.wantsStoreSoon)
+                return (fresh, moreConnections, state.wantsStoreSoon)
             }
             more?.finish()
             if soon { storeBeforeFirstByte() }
             return (fresh, 0, total)
         default:
-            lock.withLock { self.latency = latency }
+            lock.withLock { state.latency = latency }
             return nil
         }
     }

@@ -75,7 +75,7 @@ extension FileDownload {
         BlockingIO.submit {
             // Under `ioLock`, which the run's end closes the file under: never on a closed descriptor.
             self.ioLock.withLock {
-                if !self.lock.withLock({ self.control.ended }) { file.startWriteback() }
+                if !self.lock.withLock({ self.state.ended }) { file.startWriteback() }
             }
             self.writeBehindQueued.store(false, ordering: .releasing)
         }
@@ -84,7 +84,7 @@ extension FileDownload {
     /// A tuner sample: now, and how many connections have a range.
     func tunerSample(connections: Int? = nil) -> ConnectionTuner.Sample {
         ConnectionTuner.Sample(time: Clock.monotonic(), cpu: options.cpuClock(), bytes: transferred.load(ordering: .relaxed),
-                               connections: connections ?? scheduler?.activeConnections ?? 0)
+                               connections: connections ?? state.activeConnections)
     }
 
     /// Feeds the tuner one sample and carries out what it decides.
@@ -97,26 +97,25 @@ extension FileDownload {
         switch act {
         case .shed?:
             let shed = lock.withLock { () -> Bool in
-                guard var s = scheduler else { return false }
                 let now = Clock.monotonic()
-                var rates: [Int: Double] = [:]
-                for (i, c) in cursors {
-                    s.report(i, done: c.written)
-                    rates[i] = c.rate(now: now)
+                let shed = state.ranges { s -> (keeper: Int?, cut: [(segment: Int, end: Int64)]) in
+                    var rates: [Int: Double] = [:]
+                    for (i, c) in cursors {
+                        s.report(i, done: c.written)
+                        rates[i] = c.rate(now: now)
+                    }
+                    return s.shed(rates: rates)
                 }
-                let (keep, cut) = s.shed(rates: rates)
-                guard let keep else { return false }
-                for (i, end) in cut { cursors[i]?.end.store(end, ordering: .relaxed) }
-                keeper = keep
-                scheduler = s
-                syncRecordShape()
+                guard let shed, let keep = shed.keeper else { return false }
+                for (i, end) in shed.cut { cursors[i]?.end.store(end, ordering: .relaxed) }
+                state.keeper = keep
                 return true
             }
             if shed {
                 onEvent(.notice("\(active) connections add no speed here (this machine, not the network, sets the pace); going on with one"))
             }
         case .restore?:
-            lock.withLock { keeper = nil }
+            lock.withLock { state.keeper = nil }
             restore.open()
             onEvent(.notice("one connection is slower; back to \(options.connections)"))
         case nil:

@@ -28,7 +28,7 @@ extension FileDownload {
             let (stream, continuation) = AsyncStream<Void>.makeStream()
             lock.withLock {
                 moreConnections = continuation
-                connectionsDecided = false
+                state.connectionsDecided = false
             }
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -47,13 +47,13 @@ extension FileDownload {
                     while true {
                         do {
                             guard try await group.next() != nil else { break }
-                        } catch is CancellationError where !Task.isCancelled && lock.withLock({ scheduler?.isComplete == true }) {
+                        } catch is CancellationError where !Task.isCancelled && lock.withLock({ state.isComplete }) {
                             continue
                         }
-                        if lock.withLock({ scheduler?.isComplete == true }) { group.cancelAll() }
+                        if lock.withLock({ state.isComplete }) { group.cancelAll() }
                     }
                 }
-                let (result, complete) = lock.withLock { (unchanged, scheduler?.isComplete ?? true) }
+                let (result, complete) = lock.withLock { (unchanged, state.scheduler?.isComplete ?? true) }
                 if result != nil || complete { return result }
                 // Every connection retired with ranges left (they kept failing while others worked):
                 // a fresh round of connections takes the rest, within the same restart budget.
@@ -76,7 +76,7 @@ extension FileDownload {
     /// One connection: fetches its range, then takes more work from the scheduler until none is left.
     func connection(_ id: Int, file: PartialFile, conditional: (FilePath, CompletionRecord)?) async throws {
         var cursor: SegmentCursor? = id == 0 ? firstCursor() : assign(id)
-        defer { lock.withLock { scheduler?.release(id) } }
+        defer { lock.withLock { _ = state.ranges { $0.release(id) } } }
         var conditional = conditional
         while true {
             while let c = cursor {
@@ -100,7 +100,7 @@ extension FileDownload {
             }
             // Shed (see ``ConnectionTuner``): wait in case the connections are brought back; the
             // wait ends by cancellation when the download is complete.
-            guard lock.withLock({ keeper != nil && keeper != id && scheduler?.isComplete == false }) else { return }
+            guard lock.withLock({ state.keeper != nil && state.keeper != id && state.scheduler?.isComplete == false }) else { return }
             try await restore.wait()
             cursor = assign(id)
         }
@@ -109,11 +109,10 @@ extension FileDownload {
     /// The range the first connection asks for: the first unfinished one.
     func firstCursor() -> SegmentCursor {
         lock.withLock {
-            let i = record.segments.indices.first { record.segments[$0].done < (record.segments[$0].end ?? .max) - record.segments[$0].start } ?? 0
-            let s = record.segments[i]
-            let cursor = SegmentCursor(segment: i, start: s.start, position: s.start + s.done, end: s.end, in: cursorFile)
-            cursors[i] = cursor
-            scheduler?.claim(i, by: 0)
+            let first = state.firstRange()
+            let cursor = SegmentCursor(segment: first.index, start: first.start, position: first.start + first.done, end: first.end,
+                                       in: cursorFile)
+            cursors[first.index] = cursor
             return cursor
         }
     }
@@ -121,26 +120,21 @@ extension FileDownload {
     /// The next range for connection `id`, splitting another connection's range if need be.
     func assign(_ id: Int) -> SegmentCursor? {
         lock.withLock {
-            guard var s = scheduler else { return nil }
-            if let keeper, keeper != id {
-                s.release(id)
-                scheduler = s
+            guard state.scheduler != nil else { return nil }
+            if let keeper = state.keeper, keeper != id {
+                state.ranges { $0.release(id) }
                 return nil
             }
             let now = Clock.monotonic()
-            let (rates, ownRate, quiet) = observe(&s, for: id, now: now)
+            let (rates, ownRate, quiet) = observe(for: id, now: now)
             // The thief is expected to go as fast as it did on the range it just finished; a
             // connection with no history yet, as fast as the fastest live one.
-            guard let a = s.next(for: id, rates: rates, thiefRate: ownRate ?? rates.values.max(),
-                                 connections: options.connections, quiet: quiet) else {
-                scheduler = s
-                return nil
-            }
+            guard let a = state.ranges({ s in
+                s.next(for: id, rates: rates, thiefRate: ownRate ?? rates.values.max(), connections: options.connections, quiet: quiet)
+            }) ?? nil, let s = state.scheduler else { return nil }
             if let (victim, end) = a.shrunk {
                 cursors[victim]?.end.store(end, ordering: .relaxed)
             }
-            scheduler = s
-            syncRecordShape()
             let seg = s.segments[a.segment]
             let cursor = SegmentCursor(segment: a.segment, start: seg.start, position: seg.next, end: seg.end, in: cursorFile)
             cursors[a.segment] = cursor
@@ -152,17 +146,17 @@ extension FileDownload {
     /// connections, the speed of `id`'s own last range, and, once a request's latency is known, how
     /// long each other range that has received bytes in this run has not moved (zero if it just
     /// did). With `lock` held.
-    func observe(_ s: inout SegmentScheduler, for id: Int, now: Double)
-        -> (rates: [Int: Double], own: Double?, quiet: [Int: SegmentScheduler.Quiet])
-    {
+    func observe(for id: Int, now: Double) -> (rates: [Int: Double], own: Double?, quiet: [Int: SegmentScheduler.Quiet]) {
         var rates: [Int: Double] = [:]
         var own: Double? = nil
         var quiet: [Int: SegmentScheduler.Quiet] = [:]
-        for (i, c) in cursors {
-            s.report(i, done: c.written)
+        let positions = cursors.map { ($0.key, $0.value.written, $0.value.position.load(ordering: .relaxed)) }
+        state.ranges { s in for (i, written, _) in positions { s.report(i, done: written) } }
+        guard let s = state.scheduler else { return (rates, own, quiet) }
+        for (i, c) in cursors where s.segments.indices.contains(i) {
             let position = c.position.load(ordering: .relaxed)
-            if lastSeen[i]?.position != position { lastSeen[i] = (position, now) }
-            if let since = lastSeen[i]?.since, position > c.beganAt, s.segments[i].owner != id, let latency {
+            if state.lastSeen[i]?.position != position { state.lastSeen[i] = (position, now) }
+            if let since = state.lastSeen[i]?.since, position > c.beganAt, s.segments[i].owner != id, let latency = state.latency {
                 let rate = Double(position - c.beganAt) / max(since - c.began, 0.001)
                 quiet[i] = .init(seconds: now - since, rate: rate, latency: latency)
             }
@@ -177,29 +171,14 @@ extension FileDownload {
     /// connection). A connection out of work waits that long and asks again.
     func endgameWait(_ id: Int) -> Double? {
         lock.withLock {
-            guard var s = scheduler, !s.isComplete, keeper == nil || keeper == id else { return nil }
-            let quiet = observe(&s, for: id, now: Clock.monotonic()).quiet
-            scheduler = s
+            guard let before = state.scheduler, !before.isComplete, state.keeper == nil || state.keeper == id else { return nil }
+            let quiet = observe(for: id, now: Clock.monotonic()).quiet
+            guard let s = state.scheduler else { return nil }
             let waits = quiet.compactMap { i, q -> Double? in
                 let seg = s.segments[i]
                 return seg.owner != nil && seg.remaining > 0 ? q.stallTime(remaining: seg.remaining) - q.seconds : nil
             }
             return waits.min().map { max(0.001, $0) }
-        }
-    }
-
-    /// Mirrors the scheduler's ranges (new ones, lowered ends) into the control record. With `lock` held.
-    func syncRecordShape() {
-        guard let s = scheduler else { return }
-        control.update { record in
-            for (i, seg) in s.segments.enumerated() {
-                if i < record.segments.count {
-                    record.segments[i].end = seg.end
-                    record.segments[i].done = min(record.segments[i].done, seg.end - seg.start)
-                } else {
-                    record.segments.append(SegmentRecord(start: seg.start, end: seg.end, done: 0))
-                }
-            }
         }
     }
 
@@ -335,7 +314,7 @@ extension FileDownload {
     /// Retires connection `id` (its range goes back to the others) when other connections are
     /// fetching; the last connection standing keeps the whole retry budget. Returns whether it did.
     func retire(_ id: Int, because why: String) -> Bool {
-        guard lock.withLock({ (scheduler?.activeConnections ?? 0) > 1 }) else { return false }
+        guard lock.withLock({ state.activeConnections > 1 }) else { return false }
         onEvent(.notice("connection \(id + 1) retired: \(why)"))
         return true
     }
@@ -358,19 +337,12 @@ extension FileDownload {
         return headers
     }
 
-    /// A scheduler over the record's ranges, with `segment` owned by the first connection. With `lock` held.
-    func makeScheduler(total: Int64, claiming segment: Int?) -> SegmentScheduler {
-        var s = SegmentScheduler(total: total, records: record.segments, minSplit: options.minSplitSize)
-        if let segment { s.claim(segment, by: 0) }
-        return s
-    }
-
     /// A body without a known length ended (or a 416 confirmed it): its length is what we hold.
     func completeUnknownLength(_ cursor: SegmentCursor) {
         if record.totalLength == nil {
             let pos = cursor.position.load(ordering: .relaxed)
             cursor.end.store(pos, ordering: .relaxed)
-            control.update { record in
+            state.describe { record in
                 record.totalLength = pos
                 record.segments[cursor.segment].end = pos
             }

@@ -35,37 +35,25 @@ final class FileDownload: @unchecked Sendable {
     /// takes it; a thread holding it takes `lock` only briefly, never the other way round.
     let ioLock = NIOLock()
     // Guarded by `lock`.
-    /// The control file's state machine: the record and what is on disk.
-    var control: Checkpoints
-    /// The record (``Checkpoints/record``).
-    var record: ControlRecord { control.record }
+    /// The run's state machine: the control record and what is on disk, the ranges, what the
+    /// run has observed (``RunState``).
+    var state: RunState
+    /// The record (``RunState/record``).
+    var record: ControlRecord { state.record }
     var file: PartialFile?
     /// The mapped cursors of this run, once the download is large enough to keep them.
     var cursorFile: CursorFile?
     /// The range of every segment being (or last) written, by segment index.
     var cursors: [Int: SegmentCursor] = [:]
-    /// Exists once the complete length is known.
-    var scheduler: SegmentScheduler?
     /// The URL after redirects, which further connections start from.
     var resolvedURL: String
     /// Told when the first response allows more connections.
     var moreConnections: AsyncStream<Void>.Continuation?
-    /// Whether this round's first valid 206 has decided on more connections.
-    var connectionsDecided = false
-    /// Bytes held at the start that were kept (zero once they had to be discarded).
-    var keptFromStart: Int64 = 0
     var unchanged: (FilePath, CompletionRecord)?
-    /// While shed to one connection (``ConnectionTuner``): the connection that goes on; the
-    /// others wait at `restore`.
-    var keeper: Int?
+    /// While shed to one connection (``ConnectionTuner``), the others wait here.
     let restore = Gate()
     /// Fed when more connections open and on every progress tick (nil: fixed connections).
     var tuner: ConnectionTuner?
-    /// Where each range's writer was last seen and since when (by segment): how long it has
-    /// stalled, for the scheduler's endgame.
-    var lastSeen: [Int: (position: Int64, since: Double)] = [:]
-    /// Seconds from sending the latest request to its response head: what a new request costs.
-    var latency: Double?
     /// The user's header fields (with the URL's credentials as `Authorization`), for every request.
     let userHeaders: [RequestHeader]
     /// Cookies: the user's, and those servers set along the way (this run only).
@@ -101,7 +89,7 @@ final class FileDownload: @unchecked Sendable {
             let basic = RequestOptions.credentials(in: request.url) { headers.append(basic) }
         userHeaders = headers
         jar = request.options.cookies
-        control = Checkpoints(record: Self.emptyRecord(url: request.url))
+        state = RunState(record: Self.emptyRecord(url: request.url), minSplit: options.minSplitSize)
         resolvedURL = request.url
     }
 
@@ -173,7 +161,7 @@ final class FileDownload: @unchecked Sendable {
             }
             return DownloadResult(outcome: .downloaded, path: path, size: size,
                                   bytesTransferred: transferred.load(ordering: .relaxed),
-                                  resumedFrom: lock.withLock { keptFromStart },
+                                  resumedFrom: lock.withLock { state.keptFromStart },
                                   elapsed: Clock.monotonic() - started, digest: digest)
         } catch {
             stopMonitoring()
@@ -222,7 +210,7 @@ final class FileDownload: @unchecked Sendable {
                     conditional = found
                 }
             }
-            lock.withLock { keptFromStart = heldBytes() }
+            lock.withLock { state.keptFromStart = heldBytes() }
             return Prepared(file: file, conditional: conditional, early: nil)
         } catch {
             file.close()
@@ -256,18 +244,15 @@ final class FileDownload: @unchecked Sendable {
             discardAll()
             return false
         case .resume(let rec, let merged):
-            lock.withLock { control.loaded(rec) }
+            lock.withLock { state.loaded(rec) }
             if let merged {
-                try ioLock.withLock { try perform(lock.withLock { control.recovered(merged) }, file: file) }
+                try ioLock.withLock { try perform(lock.withLock { state.recovered(merged) }, file: file) }
             }
         }
         // What the slots held is in the control file now: they start again for this run.
         let now = lock.withLock { self.record }
         mapped?.reset(epoch: now.epoch ?? 0)
-        lock.withLock {
-            cursorFile = mapped
-            scheduler = now.totalLength.map { makeScheduler(total: $0, claiming: nil) }
-        }
+        lock.withLock { cursorFile = mapped }
         let heldNow = now.durableBytes
         if heldNow > 0 {
             let total = now.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
@@ -288,7 +273,7 @@ final class FileDownload: @unchecked Sendable {
     func removeControlFile() {
         ControlFile.remove(controlName, in: dir)
         dir.remove(cursorName)
-        lock.withLock { control.removed() }
+        lock.withLock { state.removed() }
     }
 
     /// Forgets the partial download: the control file goes; the open, locked partial file is emptied

@@ -133,8 +133,10 @@ public struct SegmentScheduler: Sendable, Equatable {
             let freeSoon = busy.filter { $0 != victim && finishTime($0) < victimTime / 2 }.count
             let helpers = max(1, connections - busy.count) + freeSoon
             keep = Int64(Double(v.remaining) * vr / (vr + tr * Double(helpers)))
-            // A sliver is not worth waiting for on a slow connection: take it all.
-            if keep < minSplit { keep = 0 }
+            // A sliver is not worth waiting for on a slow connection: take it all. Of a larger
+            // range the victim keeps a minimum piece: what is already on its way to it (socket
+            // buffers: megabytes on a fast link) is then written, not fetched a second time.
+            if keep < minSplit { keep = v.remaining < 2 * minSplit ? 0 : minSplit }
         }
         // The thief takes at least one minimum piece; a very slow victim may keep next to nothing.
         guard v.remaining - keep >= minSplit else { return takeStalled(for: connection, quiet: quiet) }

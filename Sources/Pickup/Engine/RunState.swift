@@ -1,0 +1,166 @@
+/// One run's state, as one value: what the control file claims and what is on disk
+/// (``Checkpoints``), the ranges and who fetches them (``SegmentScheduler``), and what the run
+/// has observed (where each range's writer was last seen, which connection goes on alone, what
+/// was kept from the start). No I/O: ``FileDownload`` keeps it under its `lock`, feeds it events
+/// and carries out the actions it returns (stores, fsyncs, lowered ends) outside that lock.
+///
+/// One fact, one owner: the ranges' shape is the scheduler's; the control record's ranges are its
+/// projection, rewritten by every change that goes through ``ranges(_:)``, and their durable
+/// counts are raised only by a store (``stored(_:version:)``), which also tells the scheduler.
+/// What the writers have written lives in their cursors (atomics in the mapped cursor file: the
+/// edge this value reads through the `written` samples it is given).
+struct RunState {
+    /// The control file: the record (durable counts only) and what the file on disk claims.
+    private(set) var checkpoints: Checkpoints
+    /// The ranges, once the complete length is known.
+    private(set) var scheduler: SegmentScheduler?
+    /// No range is split smaller than this.
+    let minSplit: Int64
+    /// Where each range's writer was last seen and since when (by range): how long it has
+    /// stalled, for the scheduler's endgame.
+    var lastSeen: [Int: (position: Int64, since: Double)] = [:]
+    /// While shed to one connection (``ConnectionTuner``): the connection that goes on.
+    var keeper: Int?
+    /// Whether this round's first valid 206 has decided on more connections.
+    var connectionsDecided = false
+    /// Bytes held at the start that were kept (zero once they had to be discarded).
+    var keptFromStart: Int64 = 0
+    /// Seconds from sending the latest request to its response head: what a new request costs.
+    var latency: Double?
+
+    init(record: ControlRecord, minSplit: Int64) {
+        checkpoints = Checkpoints(record: record)
+        self.minSplit = minSplit
+    }
+
+    /// The control record: the download's description and each range's durable bytes.
+    var record: ControlRecord { checkpoints.record }
+    var onDisk: Checkpoints.OnDisk { checkpoints.onDisk }
+    var ended: Bool { checkpoints.ended }
+    var isComplete: Bool { scheduler?.isComplete == true }
+    var activeConnections: Int { scheduler?.activeConnections ?? 0 }
+
+    // MARK: - Events
+
+    /// A control file was read (and ``Recovery`` kept it): the record, and ranges over it when
+    /// the length is known.
+    mutating func loaded(_ record: ControlRecord) {
+        checkpoints.loaded(record)
+        rebuildRanges(claiming: nil)
+    }
+
+    /// The control file was removed.
+    mutating func removed() { checkpoints.removed() }
+
+    /// The download's description changed (validators, length, target); ranges change through
+    /// ``ranges(_:)`` only.
+    mutating func describe(_ change: (inout ControlRecord) -> Void) { checkpoints.update(change) }
+
+    /// The complete length became known from a response to range `segment`: ranges are built
+    /// over the record, `segment` ending at `total` and owned by the first connection.
+    mutating func lengthKnown(_ total: Int64, claiming segment: Int) {
+        guard scheduler == nil else { return }
+        checkpoints.update { r in
+            if r.segments.indices.contains(segment) { r.segments[segment].end = total }
+        }
+        rebuildRanges(claiming: segment)
+    }
+
+    /// Changes the ranges (plan, split, shed, claim, release, progress reports), then projects
+    /// their shape into the record. Returns what `change` returns; nil without ranges.
+    @discardableResult
+    mutating func ranges<T>(_ change: (inout SegmentScheduler) -> T) -> T? {
+        guard var s = scheduler else { return nil }
+        let result = change(&s)
+        let shapeChanged = s.segments.count != scheduler!.segments.count
+            || zip(s.segments, scheduler!.segments).contains { $0.start != $1.start || $0.end != $1.end }
+        scheduler = s
+        if shapeChanged { project() }
+        return result
+    }
+
+    /// The first unfinished range (the first connection's), claimed by connection 0.
+    mutating func firstRange() -> (index: Int, start: Int64, done: Int64, end: Int64?) {
+        let segments = record.segments
+        let i = segments.indices.first { segments[$0].done < (segments[$0].end ?? .max) - segments[$0].start } ?? 0
+        ranges { $0.claim(i, by: 0) }
+        return (i, segments[i].start, segments[i].done, segments[i].end)
+    }
+
+    /// A periodic checkpoint, given what each range's writer has written (by range, from its
+    /// start): the record claiming it, for the caller to fsync the data and store.
+    func checkpoint(written: [Int: Int64]) -> Checkpoints.Action { checkpoints.checkpoint(written: written) }
+
+    /// Takes back ranges found written after a kill (``Recovery``): the record claiming them,
+    /// for the caller to fsync the data and store before anything else.
+    func recovered(_ merged: [SegmentRecord]) -> Checkpoints.Action { checkpoints.recovered(merged) }
+
+    /// The record as it is now, to be written without fsync (it claims nothing new).
+    func storeNow() -> Checkpoints.Action { checkpoints.storeNow() }
+    var wantsStoreSoon: Bool { checkpoints.wantsStoreSoon }
+
+    /// `stored` (of `version`) is on disk: its claims are durable, in the record and in the ranges.
+    mutating func stored(_ stored: ControlRecord, version: Int) {
+        checkpoints.stored(stored, version: version)
+        guard let s = scheduler else { return }
+        let sameShape = s.segments.count == record.segments.count
+            && zip(s.segments, record.segments).allSatisfy { $0.start == $1.start && $0.end == ($1.end ?? s.total) }
+        if !sameShape {
+            // A recovery stored other ranges: they are the ranges from now on (no owner yet).
+            rebuildRanges(claiming: nil)
+            return
+        }
+        for (i, r) in record.segments.enumerated() { scheduler?.report(i, done: r.done) }
+    }
+
+    /// Every held byte is being discarded (`reset` describes the new representation): the
+    /// ranges and observations go, and the store to carry out before a new byte is written.
+    mutating func restarted(_ reset: (inout ControlRecord) -> Void) -> Checkpoints.Action {
+        keptFromStart = 0
+        lastSeen = [:]
+        keeper = nil
+        scheduler = nil
+        return checkpoints.restarted(reset)
+    }
+
+    /// Every byte is written and fsynced: the ranges go; the store to carry out, if any.
+    mutating func finishing(size: Int64, verifying: Bool) -> Checkpoints.Action {
+        lastSeen = [:]
+        scheduler = nil
+        return checkpoints.finishing(size: size, verifying: verifying)
+    }
+
+    /// The run is over: nothing is written from now on.
+    mutating func end() { checkpoints.end() }
+
+    // MARK: - The projection
+
+    private mutating func rebuildRanges(claiming segment: Int?) {
+        guard let total = record.totalLength else {
+            scheduler = nil
+            return
+        }
+        var s = SegmentScheduler(total: total, records: record.segments, minSplit: minSplit)
+        if let segment, s.segments.indices.contains(segment) { s.claim(segment, by: 0) }
+        scheduler = s
+        project()
+    }
+
+    /// The record's ranges from the scheduler's: same starts and ends, durable counts kept (a
+    /// range cut short keeps at most its new length).
+    private mutating func project() {
+        guard let s = scheduler else { return }
+        var segments = record.segments
+        for (i, seg) in s.segments.enumerated() {
+            if i < segments.count {
+                segments[i].start = seg.start
+                segments[i].end = seg.end
+                segments[i].done = min(segments[i].done, seg.end - seg.start)
+            } else {
+                segments.append(SegmentRecord(start: seg.start, end: seg.end, done: 0))
+            }
+        }
+        if segments.count > s.segments.count { segments.removeLast(segments.count - s.segments.count) }
+        if segments != record.segments { checkpoints.update { $0.segments = segments } }
+    }
+}

@@ -1,0 +1,188 @@
+import Foundation
+import Testing
+
+@testable import Pickup
+
+/// A property test of ``RunState`` alone: thousands of random event sequences (the length
+/// learnt, ranges planned, writers writing, connections taking ranges and giving them back, the
+/// tuner shedding, checkpoints whose fsync and store come later, restarts, kills followed by a
+/// recovery, the finish), checked after every event against a model of the disk:
+/// - the ranges (the scheduler's and the record's, one shape) cover the file exactly once;
+/// - no range of the record, nor of any control file stored, claims a byte that is not durable.
+@Suite struct RunStateTests {
+    /// The disk as the model sees it: which bytes are written, which are durable (fsynced).
+    struct Disk {
+        var written: [Bool]
+        var durable: [Bool]
+        init(_ n: Int) {
+            written = Array(repeating: false, count: n)
+            durable = Array(repeating: false, count: n)
+        }
+    }
+
+    static func checkCover(_ segments: [(start: Int64, end: Int64)], total: Int64) -> Bool {
+        var at: Int64 = 0
+        for s in segments.sorted(by: { $0.start < $1.start }) {
+            guard s.start == at, s.end >= s.start else { return false }
+            at = s.end
+        }
+        return at == total
+    }
+
+    static func claimsOnlyDurable(_ record: ControlRecord, _ disk: Disk) -> Bool {
+        record.segments.allSatisfy { s in
+            s.done >= 0 && s.done <= (s.end ?? .max) - s.start
+                && (s.start..<(s.start + s.done)).allSatisfy { Int($0) < disk.durable.count && disk.durable[Int($0)] }
+        }
+    }
+
+    @Test func randomEventSequencesKeepTheRangesExactAndClaimOnlyDurableBytes() {
+        let seed = ProcessInfo.processInfo.environment["PICKUP_RUNSTATE_SEED"].flatMap { UInt64($0) }
+            ?? UInt64.random(in: 1...UInt64(UInt32.max))
+        print("run state property test: seed \(seed) (replay with PICKUP_RUNSTATE_SEED=\(seed))")
+        var random = SplitMix(state: seed)
+        func pick(_ n: Int) -> Int { Int(random.next() % UInt64(max(1, n))) }
+        let validators = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        var events = 0
+
+        for sequence in 0..<1000 {
+            let total = Int64(1 + pick(1000))
+            let connections = 1 + pick(8)
+            var state = RunState(record: FileDownload.emptyRecord(url: "http://h/f"), minSplit: Int64(1 + pick(64)))
+            var disk = Disk(Int(total))
+            var writers: [Int: Int64] = [:]  // range -> its writer's next byte
+            var onDisk: ControlRecord? = nil  // the last control file stored
+            var pending: (Checkpoints.Action, fsynced: [Bool])? = nil
+            let label = "sequence \(sequence) of seed \(seed)"
+
+            func store(_ action: Checkpoints.Action, fsynced: [Bool]? = nil) {
+                switch action {
+                case .none: return
+                case .store(let r, let v, _):
+                    onDisk = r
+                    state.stored(r, version: v)
+                case .syncAndStore(let r, let v):
+                    // The fsync made durable what was written when it ran.
+                    let synced = fsynced ?? disk.written
+                    for i in synced.indices where synced[i] && i < disk.durable.count { disk.durable[i] = true }
+                    onDisk = r
+                    state.stored(r, version: v)
+                }
+            }
+            func writtenByRange() -> [Int: Int64] {
+                var w: [Int: Int64] = [:]
+                for (i, pos) in writers where state.record.segments.indices.contains(i) {
+                    w[i] = pos - state.record.segments[i].start
+                }
+                return w
+            }
+            func startFresh() {
+                state.describe { $0.validators = validators; $0.totalLength = total }
+                writers[0] = state.record.segments[0].start + state.record.segments[0].done
+                state.lengthKnown(total, claiming: 0)
+                state.ranges { $0.plan(connections: connections) }
+            }
+            startFresh()
+
+            for _ in 0..<(20 + pick(60)) {
+                events += 1
+                switch pick(10) {
+                case 0, 1, 2:  // a writer writes
+                    guard let s = state.scheduler, let (i, pos) = writers.randomElement(using: &random),
+                        s.segments.indices.contains(i), pos < s.segments[i].end else { break }
+                    let n = Int64(1 + pick(Int(s.segments[i].end - pos)))
+                    for b in pos..<(pos + n) { disk.written[Int(b)] = true }
+                    writers[i] = pos + n
+                case 3:  // a connection asks for work
+                    let id = pick(connections)
+                    let reported = writtenByRange()
+                    let a = state.ranges { s -> SegmentScheduler.Assignment? in
+                        for (i, w) in reported where s.segments.indices.contains(i) { s.report(i, done: w) }
+                        return s.next(for: id, rates: [:], thiefRate: nil, connections: connections, quiet: [:])
+                    } ?? nil
+                    if let a, let s = state.scheduler {
+                        if let (victim, end) = a.shrunk, let p = writers[victim], p > end {
+                            // A writer is never past its end: the model's writer stops there.
+                            writers[victim] = max(end, s.segments[victim].start)
+                        }
+                        writers[a.segment] = s.segments[a.segment].next
+                    }
+                case 4:  // a connection gives its range back
+                    let id = pick(connections)
+                    state.ranges { $0.release(id) }
+                case 5:  // a checkpoint: the record is taken now, the fsync and store come later
+                    if pending == nil {
+                        pending = (state.checkpoint(written: writtenByRange()), disk.written)
+                    }
+                case 6:  // the pending checkpoint's fsync and store complete
+                    if let (action, synced) = pending {
+                        pending = nil
+                        store(action, fsynced: synced)
+                    }
+                case 7:  // the tuner sheds to one connection
+                    let reported = writtenByRange()
+                    let cut = state.ranges { s -> [(segment: Int, end: Int64)] in
+                        for (i, w) in reported where s.segments.indices.contains(i) { s.report(i, done: w) }
+                        return s.shed(rates: [:]).cut
+                    } ?? []
+                    for (i, end) in cut where (writers[i] ?? 0) > end { writers[i] = end }
+                case 8:  // the representation changed: everything is discarded
+                    if pick(4) == 0 {
+                        pending = nil
+                        let action = state.restarted { r in
+                            r.validators = nil
+                            r.totalLength = nil
+                            r.segments = [SegmentRecord(start: 0, end: nil, done: 0)]
+                        }
+                        disk = Disk(Int(total))  // truncated
+                        writers = [:]
+                        store(action)
+                        startFresh()
+                    }
+                default:  // killed, then recovered from the control file and the cursors (same boot)
+                    pending = nil
+                    guard let rec = onDisk else { break }
+                    let cursorRanges = writers.compactMap { i, pos -> (start: Int64, end: Int64)? in
+                        guard let s = state.scheduler, s.segments.indices.contains(i) else { return nil }
+                        return (s.segments[i].start, pos)
+                    }
+                    let partialSize = Int64(disk.written.lastIndex(of: true).map { $0 + 1 } ?? 0)
+                    state = RunState(record: FileDownload.emptyRecord(url: "http://h/f"), minSplit: state.minSplit)
+                    writers = [:]
+                    switch Recovery.decide(.init(record: rec, controlExists: true, partialSize: partialSize, written: cursorRanges),
+                                           url: "http://h/f") {
+                    case .resume(let r, let merged):
+                        state.loaded(r)
+                        if let merged { store(state.recovered(merged)) }
+                        let first = state.firstRange()
+                        writers[first.index] = first.start + first.done
+                    case .startOver, .fresh:
+                        disk = Disk(Int(total))
+                        onDisk = nil
+                        startFresh()
+                    }
+                }
+                // The invariants.
+                if let s = state.scheduler {
+                    let shape = s.segments.map { (start: $0.start, end: $0.end) }
+                    #expect(Self.checkCover(shape, total: total), "\(label): the ranges do not cover the file once: \(shape)")
+                    let recordStarts: [Int64] = state.record.segments.map(\.start)
+                    let recordEnds: [Int64] = state.record.segments.map { $0.end ?? -1 }
+                    let same = recordStarts == s.segments.map(\.start) && recordEnds == s.segments.map(\.end)
+                    #expect(same, "\(label): the record's ranges are not the scheduler's")
+                }
+                let recordOK = Self.claimsOnlyDurable(state.record, disk)
+                #expect(recordOK, "\(label): the record claims bytes not durable")
+                let storedOK = onDisk.map { Self.claimsOnlyDurable($0, disk) } ?? true
+                #expect(storedOK, "\(label): a stored control file claims bytes not durable")
+            }
+            // The finish: every byte written, fsynced, the record complete.
+            if let s = state.scheduler, s.isComplete {
+                disk.durable = disk.written
+                store(state.finishing(size: total, verifying: true))
+                #expect(state.record.durableBytes == total || onDisk == nil, "\(label): finished short")
+            }
+        }
+        print("run state property test: 1000 sequences, \(events) events")
+    }
+}
