@@ -142,6 +142,27 @@ import TestServer
         await server.stop()
     }
 
+    /// An fsync that fails (EIO) ends the run with exit 6: the kernel may have dropped the bytes it
+    /// could not write, so nothing written since is ever claimed, however later fsyncs answer.
+    @Test func aFailedFsyncEndsTheRunAndNothingSinceIsClaimed() async throws {
+        let server = try await TestServer.start()
+        let body = Resource.bytes(count: 6 * 1024 * 1024, seed: 8)
+        server.set("/e.bin", Resource(body: body, bytesPerSecond: 2 * 1024 * 1024))
+        let dir = TempDir(), state = TempDir()
+        let out = dir.file("e.bin")
+        let args = ["get", server.url("/e.bin"), "-o", out.string, "-q", "-x", "1"]
+        // The first checkpoint's fsync succeeds, the second fails, later ones would succeed.
+        #expect(try CLI.run(args, state: state.path, environment: ["PICKUP_TEST_FAULTS": "sync=EIO@1"]) == 6)
+        let record = ControlFile.load(FilePath(out.string + SafeFileName.controlSuffix))
+        let claimed = record?.durableBytes ?? 0
+        #expect(claimed < Int64(body.count), "a run whose fsync failed claimed every byte")
+        server.update("/e.bin") { $0.bytesPerSecond = nil }
+        #expect(try CLI.run(args, state: state.path) == 0)
+        let same = dir.read("e.bin") == body
+        #expect(same)
+        await server.stop()
+    }
+
     /// A file that changed after it was finished is saved once beside the old one, not once per rerun.
     @Test func aChangedFileIsSavedOnceNotOncePerRerun() async throws {
         let server = try await TestServer.start()

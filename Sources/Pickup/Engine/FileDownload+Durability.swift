@@ -13,7 +13,13 @@ extension FileDownload {
             try ControlFile.store(record, as: controlName, in: dir, durable: durable)
             lock.withLock { state.stored(record, version: version) }
         case .syncAndStore(let record, let version):
-            try file?.sync()
+            if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
+            do {
+                try file?.sync()
+            } catch {
+                syncFailure.withLockedValue { $0 = $0 ?? error }
+                throw error
+            }
             try ControlFile.store(record, as: controlName, in: dir, durable: true)
             lock.withLock { state.stored(record, version: version) }
         }

@@ -53,6 +53,7 @@ extension FileDownload {
             return size
         }
         if try file.size() > size { try file.truncate(to: size) }
+        if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
         try file.sync()
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).

@@ -205,6 +205,7 @@ extension FileDownload {
         var sinceLastFailure = transferred.load(ordering: .relaxed)
         while true {
             try Task.checkCancellation()
+            if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
             let (validators, total) = lock.withLock { (record.validators, record.totalLength) }
             var offset = cursor.position.load(ordering: .relaxed)
             let end = cursor.end.load(ordering: .relaxed)

@@ -60,6 +60,11 @@ final class FileDownload: @unchecked Sendable {
     var jar: [Cookie]
     /// A checkpoint is queued or running on the blocking-I/O pool.
     let checkpointQueued = ManagedAtomic(false)
+    /// An fsync of the partial file failed: the kernel may have dropped the bytes it could not
+    /// write (and a later fsync would not say so), so nothing written since the last durable
+    /// checkpoint may ever be claimed. The run ends with this error (exit 6), keeping what was
+    /// durable before.
+    let syncFailure = NIOLockedValueBox<PickupError?>(nil)
     /// A write-behind is queued or running on the pool.
     let writeBehindQueued = ManagedAtomic(false)
 
@@ -199,7 +204,7 @@ final class FileDownload: @unchecked Sendable {
             // Nothing held (also after a kill between the finishing rename and the control file's
             // removal): a finished file of this URL is checked instead of fetched again.
             if try !loadControlFile(file) || lock.withLock({ heldBytes() }) == 0 {
-                if let found = store.lookup(url: request.url, in: dir, name: fixedName) {
+                if let found = store.lookup(url: request.url, in: dir, name: fixedName, versions: !request.overwrite) {
                     guard let v = found.1.validators, v.canRevalidate else {
                         onEvent(.notice("already downloaded: \(found.0) (the server gave no validator to check it against)"))
                         discardPartialIfEmpty()

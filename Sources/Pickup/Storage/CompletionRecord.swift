@@ -193,13 +193,17 @@ public struct CompletionStore: Sendable {
     /// The newest version is the one found: when the file had changed on the server, its new
     /// version was saved beside the old one as `name (n).ext`, and that is what a rerun checks
     /// against (else every rerun would save the same new version once more).
-    func lookup(url: String, in directory: DirectoryHandle, name: String?) -> (FilePath, CompletionRecord)? {
+    ///
+    /// `versions: false` (the caller overwrites `name`): only `name` itself counts.
+    func lookup(url: String, in directory: DirectoryHandle, name: String?, versions: Bool = true) -> (FilePath, CompletionRecord)? {
         var candidates: [(String, CompletionRecord?)] = []
         let key = Self.key(directory: directory.path, url: url)
         let indexed = self.indexed(key)
-        let ofName = { (candidate: String) in name == nil || candidate == name || SafeFileName.isNumbered(candidate, of: name!) }
+        let ofName = { (candidate: String) in
+            name == nil || candidate == name || (versions && SafeFileName.isNumbered(candidate, of: name!))
+        }
         if let rec = indexed, ofName(rec.name) { candidates.append((rec.name, rec)) }
-        if let name {
+        if let name, versions {
             // Without the index (another state directory), the numbered versions, newest first.
             var numbered: [String] = []
             for n in 1...Self.maxVersions {
@@ -207,10 +211,11 @@ public struct CompletionStore: Sendable {
                 guard directory.exists(candidate) else { break }
                 numbered.append(candidate)
             }
-            for candidate in numbered.reversed() + [name] where !candidates.contains(where: { $0.0 == candidate }) {
+            for candidate in numbered.reversed() where !candidates.contains(where: { $0.0 == candidate }) {
                 candidates.append((candidate, nil))
             }
         }
+        if let name, !candidates.contains(where: { $0.0 == name }) { candidates.append((name, nil)) }
         for (name, indexed) in candidates {
             guard let fd = try? directory.openFile(name, write: false) else { continue }
             defer { try? fd.close() }
