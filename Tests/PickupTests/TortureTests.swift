@@ -32,8 +32,11 @@ import TestServer
 struct TortureTests {
     enum ValidatorKind: CaseIterable { case strongETag, lastModifiedOnly, weakETagOnly, none }
 
-    /// Seeds that found bugs, replayed on every run.
-    static let fixedSeeds: [UInt64] = []
+    /// Seeds that found bugs, replayed on every run (timing varies, so a seed replays the same
+    /// trial, not always the same interleaving).
+    /// - 43844386724: weak ETag, one connection, killed while finishing, the file changed before
+    ///   the last run: the complete partial file was put in place unconfirmed, as current.
+    static let fixedSeeds: [UInt64] = [43_844_386_724]
 
     @Test func killsChangesAndFaultsNeverSpliceNorCrash() async throws {
         #expect(FileManager.default.isExecutableFile(atPath: CLI.binary), "build the pickup binary first")
@@ -175,7 +178,7 @@ struct TortureTests {
                 {
                     let waste = Int64(sentInRun()) - max(0, held.written - heldBefore)
                     let bound = size <= Int(Checkpoints.smallFile) ? Int64(size) : Int64(connections * (65536 + 4 * chunk))
-                    stats.refetched(waste, connections: connections)
+                    if size > Int(Checkpoints.smallFile) { stats.refetched(waste, connections: connections) }
                     #expect(waste <= bound, "\(label): run \(run) killed: \(waste) bytes to fetch again (bound \(bound))")
                 }
             } else {
@@ -242,7 +245,7 @@ final class TortureStats: @unchecked Sendable {
     var summary: String {
         lock.withLock {
             let rows = worst.keys.sorted().map { "\($0) conn: worst \(worst[$0]!) B over \(measured[$0]!) kills" }
-            return "torture: \(trials) trials, \(killCount) kills; fetched twice per kill (strong validator, no change): "
+            return "torture: \(trials) trials, \(killCount) kills; fetched twice per kill (files over 1 MiB, strong validator, no change): "
                 + rows.joined(separator: "; ") + "\nslowest: " + slowest.map { String(format: "%.1f s ", $0.0) + $0.1 }.joined(separator: "\n")
         }
     }

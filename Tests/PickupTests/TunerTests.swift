@@ -134,7 +134,7 @@ import TestServer
     /// A download on 8 connections, each capped by the server low enough that even a starved
     /// process serves all eight at full speed (so one connection alone is clearly slower).
     func download(busy: Bool) async throws -> (EventLog, [RecordedRequest], Bool) {
-        let body = Resource.bytes(count: 3 * 1024 * 1024, seed: 9)
+        let body = Resource.bytes(count: 6 * 1024 * 1024, seed: 9)  // 3 s: time to decide even under load
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()
         server.set("/t.bin", Resource(body: body, bytesPerSecond: 256 * 1024))

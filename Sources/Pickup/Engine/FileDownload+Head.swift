@@ -27,31 +27,14 @@ extension FileDownload {
                                            end: cursor.end.load(ordering: .relaxed), in: mapped)
                     cursors[cursor.segment] = cursor
                 }
-                let first = record.validators == nil || record.totalLength == nil && total != nil
-                if first {
-                    state.describe { r in
-                        r.validators = validators
-                        r.totalLength = total
-                        if at == 0 || r.serverDigest == nil { r.serverDigest = Self.serverDigest(head) }
-                    }
-                }
-                if state.scheduler == nil, let total {
-                    cursor.end.store(min(cursor.end.load(ordering: .relaxed), total), ordering: .relaxed)
-                    state.lengthKnown(total, claiming: cursor.segment)
-                }
+                let decided = state.partialResponse(segment: cursor.segment, at: at, total: total, validators: validators,
+                                                    digest: Self.serverDigest(head), connections: options.connections)
+                let first = decided.described
+                if let end = decided.end { cursor.end.store(min(cursor.end.load(ordering: .relaxed), end), ordering: .relaxed) }
                 // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
-                if !state.connectionsDecided, let total = state.scheduler?.total {
-                    state.connectionsDecided = true
+                if let total = decided.decidedTotal {
                     if options.preallocate { preallocate = (file, total) }
-                    let parallel = options.connections > 1 && validators.ifRange != nil
-                    let running = state.ranges { s -> Int in
-                        if parallel {
-                            s.plan(connections: options.connections)
-                            cursor.end.store(s.segments[cursor.segment].end, ordering: .relaxed)
-                        }
-                        return s.segments.filter({ $0.remaining > 0 }).count
-                    } ?? 0
-                    if parallel && running > 1 {
+                    if let running = decided.running, running > 1 {
                         if options.adaptiveConnections, tuner == nil {
                             tuner = ConnectionTuner(threads: options.transportThreads)
                             _ = tuner?.add(tunerSample(connections: running))

@@ -79,6 +79,48 @@ struct RunState {
         return result
     }
 
+    /// What a valid 206 (``ResponseDecision/append(at:end:total:validators:)``) to range
+    /// `segment` means: the record learns the validators, length and digest the first time; the
+    /// ranges are built once the length is known; the first 206 of a round decides on more
+    /// connections (only with a strong validator) and plans their ranges.
+    struct Partial: Equatable {
+        /// The record's description changed: written before the body when no control file exists.
+        var described = false
+        /// The end of `segment` now (lowered by the plan), when the ranges exist.
+        var end: Int64?
+        /// Ranges with bytes left, when this response decided on more connections (then more
+        /// than one means: open them).
+        var running: Int?
+        /// The complete length, to preallocate, when this response decided.
+        var decidedTotal: Int64?
+    }
+
+    mutating func partialResponse(segment: Int, at: Int64, total: Int64?, validators: Validators,
+                                  digest: ExpectedDigest?, connections: Int) -> Partial {
+        var result = Partial()
+        if record.validators == nil || record.totalLength == nil && total != nil {
+            result.described = true
+            checkpoints.update { r in
+                r.validators = validators
+                r.totalLength = total
+                if at == 0 || r.serverDigest == nil { r.serverDigest = digest }
+            }
+        }
+        if scheduler == nil, let total { lengthKnown(total, claiming: segment) }
+        if !connectionsDecided, let total = scheduler?.total {
+            connectionsDecided = true
+            result.decidedTotal = total
+            let parallel = connections > 1 && validators.ifRange != nil
+            result.running = ranges { s -> Int in
+                if parallel { s.plan(connections: connections) }
+                return s.segments.filter({ $0.remaining > 0 }).count
+            }
+            if !parallel { result.running = min(result.running ?? 1, 1) }
+        }
+        if let s = scheduler, s.segments.indices.contains(segment) { result.end = s.segments[segment].end }
+        return result
+    }
+
     /// The first unfinished range (the first connection's), claimed by connection 0.
     mutating func firstRange() -> (index: Int, start: Int64, done: Int64, end: Int64?) {
         let segments = record.segments
