@@ -58,6 +58,17 @@ enum CLI {
         return condition()
     }
 
+    /// Starts `pickup` with `args`, waits (bounded) until `condition` holds or it ends, then
+    /// SIGKILLs it; returns whether the kill ended it.
+    static func startAndKill(_ args: [String], state: FilePath, when condition: () -> Bool) throws -> Bool {
+        let p = try start(args, state: state)
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        let reached = waitFor { condition() || !p.isRunning }
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+        return reached && p.terminationReason == .uncaughtSignal
+    }
+
     /// Starts `pickup get`, waits until the control file claims more than `after` bytes and
     /// `moreThanDurable` says enough has arrived since, then SIGKILLs it. Returns the durable bytes then.
     static func killMidway(_ args: [String], state: FilePath, control: FilePath, after: Int64,
@@ -158,12 +169,8 @@ func heldAfterKill(_ out: FilePath) -> (durable: Int64, written: Int64) {
         let dir = TempDir(), state = TempDir()
         let out = dir.file("r.bin")
         let args = ["get", server.url("/r.bin"), "-o", out.string, "--quiet", "-x", "2"]
-        let p = try CLI.start(args, state: state.path)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
         // Killed after some bytes and before the first checkpoint (1 s) has made them durable.
-        #expect(CLI.waitFor { server.bytesSent("/r.bin") >= 300_000 || !p.isRunning })
-        kill(p.processIdentifier, SIGKILL)
-        p.waitUntilExit()
+        #expect(try CLI.startAndKill(args, state: state.path) { server.bytesSent("/r.bin") >= 300_000 })
         let before = heldAfterKill(out)
         #expect(before.written > before.durable, "the cursors vouch for bytes the checkpoint does not")
         let record = try #require(ControlFile.load(FilePath(out.string + SafeFileName.controlSuffix)))

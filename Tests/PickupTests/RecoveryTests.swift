@@ -88,13 +88,8 @@ import TestServer
         let dir = TempDir(), state = TempDir()
         let out = dir.file("n.bin")
         let args = ["get", server.url("/n.bin"), "-o", out.string, "-q", "-x", "1"]
-        let p = try CLI.start(args, state: state.path)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
         // Killed after some bytes and before the first checkpoint (1 s).
-        #expect(CLI.waitFor { server.bytesSent("/n.bin") >= 600_000 || !p.isRunning })
-        kill(p.processIdentifier, SIGKILL)
-        p.waitUntilExit()
-        #expect(p.terminationReason == .uncaughtSignal)
+        #expect(try CLI.startAndKill(args, state: state.path) { server.bytesSent("/n.bin") >= 600_000 })
         #expect(heldAfterKill(out).written > 0, "the cursors vouch for bytes (else this tests nothing)")
         server.set("/n.bin", Resource(body: new, etag: nil))
         let first = server.requests("/n.bin").count
@@ -117,11 +112,7 @@ import TestServer
         let dir = TempDir(), state = TempDir()
         let out = dir.file("m.bin")
         let args = ["get", server.url("/m.bin"), "-o", out.string, "-q", "-x", "8"]
-        let p = try CLI.start(args, state: state.path)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        #expect(CLI.waitFor { server.requests("/m.bin").count >= 4 || !p.isRunning })
-        kill(p.processIdentifier, SIGKILL)
-        p.waitUntilExit()
+        #expect(try CLI.startAndKill(args, state: state.path) { server.requests("/m.bin").count >= 4 })
         let held = heldAfterKill(out)
         let sent = Int64(server.bytesSent("/m.bin"))
         // Paced, so that what a connection has in flight when its range is cut is one chunk (at
