@@ -46,6 +46,7 @@ let package = Package(
             name: "PickupDaemon",
             dependencies: [
                 "Pickup",
+                "CPickupShims",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

@@ -81,9 +81,14 @@ public final class Daemon: Sendable {
         let files = DaemonFiles(directory: configuration.stateDirectory)
         do {
             try FileManager.default.createDirectory(atPath: configuration.root.string, withIntermediateDirectories: true)
-            try FileManager.default.createDirectory(atPath: configuration.stateDirectory.string, withIntermediateDirectories: true)
         } catch {
-            throw .fileSystem("cannot create \(configuration.root) or \(configuration.stateDirectory): \(error.localizedDescription)", .ioError)
+            throw .fileSystem("cannot create \(configuration.root): \(error.localizedDescription)", .ioError)
+        }
+        do {
+            // The owner's alone (0700): it holds the token and settings that may hold a password.
+            try StateDirectory.prepare(configuration.stateDirectory)
+        } catch {
+            throw .fileSystem("cannot create \(configuration.stateDirectory): \(error.description)", .ioError)
         }
         let root = Confinement.realPath(configuration.root)
         configuration.root = root
@@ -167,6 +172,8 @@ public final class Daemon: Sendable {
                 break
             }
         }
+        // The daemon is stopping: a hook still running is stopped with its process group.
+        runner.stop()
         await runner.drain()
     }
 

@@ -87,8 +87,13 @@ public struct DaemonFiles: Sendable {
             for key in Self.hookKeys { if let v = oldObject[key] { object[key] = v } }
             if let merged = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) { data = merged }
         }
-        try? data.write(to: URL(fileURLWithPath: settingsPath.string), options: .atomic)
-        // It may hold a proxy's password.
-        _ = try? FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: settingsPath.string)
+        // It may hold a proxy's password: created 0600 (exclusively, under a temporary name), then
+        // renamed over the old one, so that it is never readable by others, not even for a moment.
+        let tmp = FilePath(settingsPath.string + ".\(UInt32.random(in: 0...UInt32.max)).tmp")
+        guard let fd = try? FileDescriptor.open(tmp, .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
+                                                permissions: [.ownerReadWrite])
+        else { return }
+        let written = (try? fd.closeAfter { try fd.writeAll(data) }) != nil
+        if !written || rename(tmp.string, settingsPath.string) != 0 { _ = unlink(tmp.string) }
     }
 }

@@ -70,6 +70,9 @@ struct Routes {
         if let limit = body.speedLimit, limit < RateLimiter.minimum {
             throw APIError.badRequest("speedLimit must be at least \(RateLimiter.minimum) bytes per second")
         }
+        if let priority = body.priority, !(-1000...1000).contains(priority) {
+            throw APIError.badRequest("priority must be -1000 to 1000")
+        }
         var options = RequestOptions()
         do throws(PickupError) {
             options.headers = try (body.headers ?? [:]).sorted { $0.key < $1.key }.map { k, v throws(PickupError) in try RequestHeader(name: k, value: v) }

@@ -60,7 +60,12 @@ struct Batch {
         }
 
         let signals = SignalTrap()
-        signals.onSignal { _ in Task { await manager.shutdown() } }
+        let hooks = get.hookFlags.runner()
+        // A signal stops the batch and any hook running (with its process group).
+        signals.onSignal { _ in
+            hooks?.stop()
+            Task { await manager.shutdown() }
+        }
         let started = Date()
         let events = await manager.events()
         await manager.start()
@@ -69,7 +74,6 @@ struct Batch {
         var unfinished = wanted
         var alreadyThere = 0
         var downloaded: [DownloadInfo] = []
-        let hooks = get.hookFlags.runner()
         // For --json: what each file held when this run began, and when it started running.
         var heldAtStart: [DownloadID: Int64] = [:]
         var startedAt: [DownloadID: Date] = [:]

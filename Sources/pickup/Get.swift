@@ -64,6 +64,8 @@ struct Get: AsyncParsableCommand {
 
     func validate() throws {
         if output != nil && dir != nil { throw ValidationError("use either -o or -d, not both") }
+        if dir == "" { throw ValidationError("-d needs a directory (\"\" names none; use . for the current one)") }
+        if output == "" { throw ValidationError("-o needs a file name") }
         if (url == nil) == (inputFile == nil) { throw ValidationError("give either a URL or -i FILE") }
         if !(1...64).contains(jobs) { throw ValidationError("--jobs must be between 1 and 64") }
         if inputFile != nil {
@@ -94,13 +96,17 @@ struct Get: AsyncParsableCommand {
         let downloader = Downloader(options: options, transport: transport)
         let display = ProgressDisplay(quiet: quiet)
         let signals = SignalTrap()
+        let hooks = hookFlags.runner()
 
         let task = Task { try await downloader.download(request) { display.handle($0) } }
-        signals.onSignal { _ in task.cancel() }
+        // A signal stops the download, or the hook running after it (with its process group).
+        signals.onSignal { _ in
+            task.cancel()
+            hooks?.stop()
+        }
         let result = await task.result
         await downloader.shutdown()
         display.clear()
-        let hooks = hookFlags.runner()
         switch result {
         case .success(let r):
             display.finished(r)
@@ -110,6 +116,7 @@ struct Get: AsyncParsableCommand {
             }
             hooks?.fire(HookEvent(path: r.path.string, url: url, size: r.size, completed: true))
             await hooks?.drain()
+            if let sig = signals.received { throw ExitCode(sig == SIGTERM ? Exit.terminated : Exit.interrupted) }
         case .failure(let any):
             let error = (any as? PickupError) ?? .network("\(any)")
             if case .interrupted = error {
@@ -121,6 +128,7 @@ struct Get: AsyncParsableCommand {
             if json { ResultLine(path: nil, url: url, size: nil, outcome: "failed", error: error.description).print() }
             hooks?.fire(HookEvent(path: nil, url: url, size: nil, completed: false, error: error.description))
             await hooks?.drain()
+            if let sig = signals.received { throw ExitCode(sig == SIGTERM ? Exit.terminated : Exit.interrupted) }
             throw ExitCode(Self.code(for: error))
         }
     }

@@ -61,7 +61,7 @@ struct RequestFlags: ParsableArguments {
                 }
                 if let basic = Netrc(parsing: text).credentials(for: url) { o.headers.append(basic) }
             }
-            if let cookie, let host = URL(string: url)?.host { o.cookies += Cookie.parseHeader(cookie, host: host) }
+            if let cookie { o.cookies += Cookie.parseHeader(cookie, for: url) }
             if let loadCookies {
                 guard let text = try? String(contentsOfFile: loadCookies, encoding: .utf8) else {
                     throw PickupError.invalidInput("cannot read the cookies file \(loadCookies)")

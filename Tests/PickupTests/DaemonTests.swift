@@ -101,6 +101,19 @@ final class DaemonFixture: @unchecked Sendable {
 }
 
 @Suite(.timeLimit(.minutes(2))) struct DaemonTests {
+    /// A new state directory is the owner's alone, and settings.json is never readable by others.
+    @Test func aNewStateDirectoryIs0700AndItsSettings0600() throws {
+        let base = TempDir(), root = TempDir()
+        let state = base.path.appending("new-state")
+        _ = try Daemon(configuration: DaemonConfiguration(root: root.path, stateDirectory: state))
+        var st = stat()
+        #expect(stat(state.string, &st) == 0 && st.st_mode & 0o777 == 0o700)
+        DaemonFiles(directory: state).saveSettings(APISettings(maxConcurrentDownloads: 2, speedLimit: nil))
+        #expect(stat(state.appending("settings.json").string, &st) == 0 && st.st_mode & 0o777 == 0o600)
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: state.string)) ?? []
+        #expect(!entries.contains { $0.hasSuffix(".tmp") })
+    }
+
     @Test func addsListsPausesResumesAndRemovesOverTheAPI() async throws {
         let f = try await DaemonFixture()
         let fast = Resource.bytes(count: 300_000, seed: 1)
@@ -194,6 +207,7 @@ final class DaemonFixture: @unchecked Sendable {
             (.POST, "/downloads", #"{"url": 5}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","priority":"high"}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","prioirty":1}"#, 400, "bad_request"),
+            (.POST, "/downloads", #"{"url":"http://x/a","priority":9223372036854775807}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"ftp://x/a"}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","connections":99}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","checksum":"sha-256=zz"}"#, 400, "bad_request"),

@@ -59,6 +59,18 @@ import TestServer
         #expect(set?.hostOnly == false && set?.expires == 160 && set?.secure == true)
         #expect(Cookie.parseSetCookie("t=x; Domain=evil.com", from: u, now: 0) == nil)
         #expect(Cookie.parseSetCookie("t=x", from: u, now: 0)?.path == "/a")
+        // An IP address domain-matches only itself: no domain cookie for 0.1 from 127.0.0.1.
+        let ip = URL(string: "http://127.0.0.1:8080/f")!
+        #expect(Cookie.parseSetCookie("t=x; Domain=0.1", from: ip, now: 0) == nil)
+        let own = try #require(Cookie.parseSetCookie("t=x; Domain=127.0.0.1", from: ip, now: 0))
+        #expect(own.matches(ip, now: 0) && !own.matches(URL(string: "http://127.1.0.1/f")!, now: 0))
+        let jarForIP = try Cookie.parseNetscape("0.1\tTRUE\t/\tFALSE\t0\tz\t1")
+        #expect(!jarForIP[0].matches(URL(string: "http://127.1.0.1/f")!, now: 0))
+        // A cookie given for a URL goes to its origin only: not to another port or scheme.
+        let given = Cookie.parseHeader("g=1", for: "http://127.0.0.1:8080/f")
+        #expect(given.count == 1 && given[0].matches(ip, now: 0))
+        #expect(!given[0].matches(URL(string: "http://127.0.0.1:9090/f")!, now: 0))
+        #expect(!given[0].matches(URL(string: "https://127.0.0.1:8080/f")!, now: 0))
     }
 
     @Test func inputListOptionLines() throws {
@@ -99,15 +111,17 @@ import TestServer
         r.redirect = (302, other.url("/file"))
         f.server.set("/start", r)
         let options = RequestOptions(headers: [try RequestHeader(line: "Authorization: Bearer secret"), try RequestHeader(line: "X-Plain: 1")],
-                                     cookies: [Cookie(name: "s", value: "ok", domain: "127.0.0.1", hostOnly: true)])
+                                     cookies: [Cookie(name: "s", value: "ok", domain: "127.0.0.1", hostOnly: true)]
+                                        + Cookie.parseHeader("b=bound", for: f.server.url("/start")))
         _ = try await f.downloader.download(DownloadRequest(url: f.server.url("/start"), destination: .directory(f.dir.path), options: options))
         let first = try #require(f.server.requests("/start").first)
         #expect(first.headers["authorization"] == "Bearer secret")
-        #expect(first.headers["cookie"] == "s=ok")
+        #expect(first.headers["cookie"] == "s=ok; b=bound")
         let second = try #require(other.requests("/file").first)
         #expect(second.headers["authorization"] == nil)
         #expect(second.headers["x-plain"] == "1")
-        // 127.0.0.1 on another port is another origin for the header; the host-only cookie is the host's (RFC 6265: no port).
+        // 127.0.0.1 on another port is another origin for the header and for the cookie given for
+        // the URL (`-b`, curl's CVE-2022-27776); a jar's host-only cookie is the host's (RFC 6265: no port).
         #expect(second.headers["cookie"] == "s=ok")
         #expect(f.dir.read("file") == [1, 2, 3])
     }

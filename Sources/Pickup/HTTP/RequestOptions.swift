@@ -67,6 +67,10 @@ public struct Cookie: Sendable, Codable, Equatable {
     public var secure: Bool
     /// Seconds since the epoch; nil for a session cookie.
     public var expires: Int64?
+    /// For a cookie the user gave for one URL (`-b`): the only origin it goes to
+    /// (`scheme://host:port`), as for `Authorization`; nil for cookies matched by RFC 6265 alone
+    /// (set by servers, or from a cookies.txt jar).
+    public var origin: String?
 
     /// A cookie.
     public init(name: String, value: String, domain: String, hostOnly: Bool, path: String = "/", secure: Bool = false,
@@ -83,23 +87,37 @@ public struct Cookie: Sendable, Codable, Equatable {
     /// Whether it goes with a request to `url` at `now` (domain, path, secure flag, expiry).
     public func matches(_ url: URL, now: Int64) -> Bool {
         guard let host = url.host?.lowercased() else { return false }
+        if let origin, Origin(url.absoluteString)?.description != origin { return false }
         if let expires, expires <= now { return false }
         if secure, url.scheme?.lowercased() != "https" { return false }
-        let domainOK = hostOnly ? host == domain : (host == domain || host.hasSuffix("." + domain))
+        let domainOK = hostOnly || Self.isIPAddress(host) ? host == domain : (host == domain || host.hasSuffix("." + domain))
         guard domainOK else { return false }
         let path = url.path.isEmpty ? "/" : url.path
         return path == self.path || (path.hasPrefix(self.path) && (self.path.hasSuffix("/") || path.dropFirst(self.path.count).first == "/"))
     }
 
-    /// `a=b; c=d` (curl's `-b`), for `host`.
-    public static func parseHeader(_ text: String, host: String) -> [Cookie] {
+    /// Whether `host` is an IP address literal (IPv4 dotted, or IPv6).
+    static func isIPAddress(_ host: String) -> Bool {
+        host.contains(":") || (!host.isEmpty && host.allSatisfy { $0 == "." || ($0.isASCII && $0.isNumber) })
+    }
+
+    /// `a=b; c=d` (curl's `-b`), for `host`; with `origin`, for that origin only.
+    public static func parseHeader(_ text: String, host: String, origin: String? = nil) -> [Cookie] {
         text.split(separator: ";").compactMap { pair in
             guard let eq = pair.firstIndex(of: "=") else { return nil }
             let name = pair[..<eq].trimmingCharacters(in: .whitespaces)
             guard !name.isEmpty else { return nil }
-            return Cookie(name: name, value: pair[pair.index(after: eq)...].trimmingCharacters(in: .whitespaces),
-                          domain: host, hostOnly: true)
+            var cookie = Cookie(name: name, value: pair[pair.index(after: eq)...].trimmingCharacters(in: .whitespaces),
+                                domain: host, hostOnly: true)
+            cookie.origin = origin
+            return cookie
         }
+    }
+
+    /// `a=b; c=d` given for `url`: sent to its origin only (scheme, host and port).
+    public static func parseHeader(_ text: String, for url: String) -> [Cookie] {
+        guard let origin = Origin(url), let host = URL(string: url)?.host else { return [] }
+        return parseHeader(text, host: host, origin: origin.description)
     }
 
     /// The Netscape cookies.txt format that browsers' extensions export (and curl and wget read):
@@ -143,7 +161,8 @@ public struct Cookie: Sendable, Codable, Equatable {
             switch key.lowercased() {
             case "domain" where kv.count == 2 && !kv[1].isEmpty:
                 let d = kv[1].lowercased().drop(while: { $0 == "." }).description
-                guard host == d || host.hasSuffix("." + d), d.contains(".") else { return nil }
+                // An IP address domain-matches only itself (RFC 6265 §5.1.3): no domain cookies for it.
+                guard host == d || (!Self.isIPAddress(host) && host.hasSuffix("." + d) && d.contains(".")) else { return nil }
                 cookie.domain = d
                 cookie.hostOnly = false
             case "path" where kv.count == 2 && kv[1].hasPrefix("/"):
@@ -264,10 +283,12 @@ public struct Netrc: Sendable, Equatable {
 }
 
 /// Scheme, host and port: what a secret is bound to.
-struct Origin: Equatable {
+struct Origin: Equatable, CustomStringConvertible {
     let scheme: String
     let host: String
     let port: Int
+
+    var description: String { "\(scheme)://\(host):\(port)" }
 
     init?(_ url: String) {
         guard let u = URL(string: url), let scheme = u.scheme?.lowercased(), let host = u.host?.lowercased() else { return nil }

@@ -1,0 +1,88 @@
+import Foundation
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// Hooks against real `pickup` processes: bounded by their timeout whatever they start, stopped
+/// with their whole process group, given no descriptor of Pickup's, and no obstacle to signals.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct HookProcessTests {
+    /// A hook script that records its pid and its children's in `dir`, then does `body`.
+    static func hook(in dir: TempDir, _ body: String) -> FilePath {
+        let script = "#!/bin/sh\necho $$ > \(dir.file("hook.pid").string)\n\(body)\n"
+        dir.write("hook.sh", Array(script.utf8))
+        chmod(dir.file("hook.sh").string, 0o755)
+        return dir.file("hook.sh")
+    }
+
+    static func pid(_ dir: TempDir, _ name: String) -> pid_t? {
+        (try? String(contentsOfFile: dir.file(name).string, encoding: .utf8))
+            .flatMap { pid_t($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+    }
+
+    /// Whether `pid` is still running (a zombie counts as ended).
+    static func alive(_ pid: pid_t) -> Bool {
+        guard kill(pid, 0) == 0 else { return false }
+        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+        return !stat.contains(") Z ")
+    }
+
+    @Test func aHookPastItsTimeoutIsStoppedWithEverythingItStarted() async throws {
+        let server = try await TestServer.start()
+        server.set("/h.bin", Resource(body: Resource.bytes(count: 1000)))
+        let dir = TempDir(), state = TempDir(), scripts = TempDir()
+        // A child in the background that outlives the hook's own process, and a wait.
+        let hook = Self.hook(in: scripts, "sleep 300 >/dev/null 2>&1 &\necho $! > \(scripts.file("child.pid").string)\nsleep 300")
+        let r = try CLI.capture(["get", server.url("/h.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+                                 "--hook-timeout", "1"], state: state.path)
+        #expect(r.status == 0)
+        #expect(r.err.contains("ran out of time"), "\(r.err)")
+        let child = try #require(Self.pid(scripts, "child.pid"))
+        let own = try #require(Self.pid(scripts, "hook.pid"))
+        defer { kill(child, SIGKILL); kill(own, SIGKILL) }
+        // pickup has exited: the hook and the child it started went with its process group.
+        #expect(CLI.waitFor(seconds: 10) { !Self.alive(child) && !Self.alive(own) }, "the hook's group outlived it")
+        await server.stop()
+    }
+
+    @Test func aHookThatLeavesAChildBehindDoesNotHoldPickup() async throws {
+        let server = try await TestServer.start()
+        server.set("/b.bin", Resource(body: Resource.bytes(count: 1000)))
+        let dir = TempDir(), state = TempDir(), scripts = TempDir()
+        // Exits at once, leaving a background child that would hold any descriptor it inherited.
+        let hook = Self.hook(in: scripts, "sleep 300 >/dev/null 2>&1 &\necho $! > \(scripts.file("child.pid").string)\nls -l /proc/self/fd/ > \(scripts.file("fds").string)\nexit 0")
+        let r = try CLI.capture(["get", server.url("/b.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+                                 "--hook-timeout", "120"], state: state.path)
+        let child = try #require(Self.pid(scripts, "child.pid"))
+        defer { kill(child, SIGKILL) }
+        #expect(r.status == 0)
+        // pickup returned while the child runs: it waited for the hook's process, not for the child.
+        #expect(Self.alive(child), "pickup waited for the hook's background child")
+        #expect(!r.err.contains("ran out of time"))
+        // The hook saw standard input, output and error, and nothing else of Pickup's (the listing's
+        // own descriptor aside).
+        let fds = lines(scripts.file("fds")).filter { $0.contains("->") }
+        #expect(fds.count <= 4, "the hook inherited descriptors: \(fds)")
+        await server.stop()
+    }
+
+    @Test func aSignalToPickupStopsTheRunningHook() async throws {
+        let server = try await TestServer.start()
+        server.set("/s.bin", Resource(body: Resource.bytes(count: 1000)))
+        let dir = TempDir(), state = TempDir(), scripts = TempDir()
+        let hook = Self.hook(in: scripts, "sleep 300")
+        let p = try CLI.start(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+                               "--hook-timeout", "600"], state: state.path)
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        #expect(CLI.waitFor { Self.pid(scripts, "hook.pid") != nil })
+        let own = try #require(Self.pid(scripts, "hook.pid"))
+        defer { kill(own, SIGKILL) }
+        kill(p.processIdentifier, SIGTERM)
+        #expect(CLI.waitFor(seconds: 30) { !p.isRunning }, "SIGTERM was not honoured while a hook ran")
+        p.waitUntilExit()
+        #expect(p.terminationReason == .exit && p.terminationStatus == 143)
+        #expect(CLI.waitFor(seconds: 10) { !Self.alive(own) }, "the hook outlived pickup")
+        await server.stop()
+    }
+}
