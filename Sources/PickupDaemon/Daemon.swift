@@ -92,6 +92,18 @@ public final class Daemon: Sendable {
         }
         let root = Confinement.realPath(configuration.root)
         configuration.root = root
+        // API clients name files inside the root: a state directory they could name would let one
+        // of them write the daemon's own files (settings.json with a hook, the token). Refused at
+        // start, unless a hidden component stands between (`~/.local/state/...` under a root of
+        // `~`), which no name an API client gives may contain (`Confinement`).
+        let state = Confinement.realPath(configuration.stateDirectory)
+        if state.starts(with: root) {
+            let between = state.components.dropFirst(root.components.count)
+            if !between.contains(where: { $0.string.hasPrefix(".") }) {
+                throw .invalidInput("the state directory \(state) is inside the download root \(root), where API clients "
+                    + "write; use --state or PICKUP_STATE_DIR elsewhere (or below a hidden directory)")
+            }
+        }
         let saved = files.loadSettings()
         var manager = DownloadManager.Configuration(stateDirectory: configuration.stateDirectory.appending("manager"))
         manager.maxConcurrentDownloads = configuration.maxConcurrentDownloads ?? saved?.maxConcurrentDownloads ?? 3
@@ -110,7 +122,7 @@ public final class Daemon: Sendable {
         self.root = root
         hub = EventHub(maxClients: configuration.maxEventClients, maxBuffered: configuration.maxEventBacklog)
         proxySetting.withLockedValue { $0 = saved?.proxy }
-        let fileHooks = files.loadHooks()
+        let fileHooks = files.loadHooks { FileHandle.standardError.write(Data("pickup serve: \($0)\n".utf8)) }
         hooks = Hooks(onComplete: configuration.hooks.onComplete ?? fileHooks.onComplete,
                       onError: configuration.hooks.onError ?? fileHooks.onError,
                       timeout: configuration.hooks.onComplete != nil || configuration.hooks.onError != nil

@@ -68,10 +68,19 @@ public struct DaemonFiles: Sendable {
 
     /// The hooks the settings file names (`onComplete`, `onError`, `hookTimeout`): written there by
     /// the owner, never through the API, and kept when the daemon saves its settings.
-    func loadHooks() -> Hooks {
+    ///
+    /// Only a file this user owns, with no access for group or others (0600), may name a
+    /// program; from any other, hooks are ignored and `warn` says why.
+    func loadHooks(warn: (String) -> Void = { _ in }) -> Hooks {
         guard let data = FileManager.default.contents(atPath: settingsPath.string),
             let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
         else { return Hooks() }
+        guard Self.hookKeys.contains(where: { object[$0] != nil }) else { return Hooks() }
+        var st = stat()
+        guard lstat(settingsPath.string, &st) == 0, st.st_mode & S_IFMT == S_IFREG, st.st_uid == geteuid(), st.st_mode & 0o077 == 0 else {
+            warn("hooks in \(settingsPath) are ignored: the file must be this user's, mode 0600")
+            return Hooks()
+        }
         return Hooks(onComplete: object["onComplete"] as? String, onError: object["onError"] as? String,
                      timeout: (object["hookTimeout"] as? NSNumber)?.doubleValue ?? 60)
     }

@@ -40,6 +40,8 @@ enum Main {
             FileHandle.standardError.write(Data("Run 'pickup --help' for usage.\n".utf8))
             exit(Exit.usage)
         }
+        // Parsed: the secrets in the argument strings are no longer needed there.
+        ArgumentScrubber.scrub()
         do {
             if var async = command as? AsyncParsableCommand {
                 try await async.run()

@@ -101,6 +101,20 @@ final class DaemonFixture: @unchecked Sendable {
 }
 
 @Suite(.timeLimit(.minutes(2))) struct DaemonTests {
+    /// A state directory inside the download root (or around it) is refused: an API client could
+    /// otherwise write the daemon's settings (with a hook) by naming a file there.
+    @Test func aStateDirectoryInsideTheRootIsRefused() throws {
+        let root = TempDir()
+        #expect(throws: PickupError.self) {
+            _ = try Daemon(configuration: DaemonConfiguration(root: root.path, stateDirectory: root.path.appending("st")))
+        }
+        #expect(throws: PickupError.self) {
+            _ = try Daemon(configuration: DaemonConfiguration(root: root.path, stateDirectory: root.path))
+        }
+        // Below a hidden directory (the default ~/.local/state under a root of ~) no name reaches it.
+        _ = try Daemon(configuration: DaemonConfiguration(root: root.path, stateDirectory: root.path.appending(".local/state/p")))
+    }
+
     /// A new state directory is the owner's alone, and settings.json is never readable by others.
     @Test func aNewStateDirectoryIs0700AndItsSettings0600() throws {
         let base = TempDir(), root = TempDir()
@@ -274,6 +288,12 @@ final class DaemonFixture: @unchecked Sendable {
         // The owner writes the hook into the file (none there yet: nothing was changed over the API).
         let object: [String: Any] = ["maxConcurrentDownloads": 3, "onComplete": hook.string]
         try JSONSerialization.data(withJSONObject: object).write(to: URL(fileURLWithPath: settings.string))
+        // A file others can read (or write) names no program.
+        chmod(settings.string, 0o644)
+        try await f.start()
+        #expect(f.daemon.hooks.onComplete == nil, "hooks from a settings file of mode 0644")
+        await f.stop()
+        chmod(settings.string, 0o600)
         try await f.start()
         #expect(f.daemon.hooks.onComplete == hook.string)
         f.server.set("/s.bin", Resource(body: Resource.bytes(count: 500)))

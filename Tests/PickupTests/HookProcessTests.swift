@@ -86,3 +86,30 @@ import TestServer
         await server.stop()
     }
 }
+
+/// Secrets given on the command line are not left for `ps` to show.
+@Suite(.serialized) struct ArgumentSecretTests {
+    @Test func secretsAreOverwrittenInTheProcessArguments() async throws {
+        let server = try await TestServer.start()
+        server.set("/p.bin", Resource(body: Resource.bytes(count: 2 * 1024 * 1024), bytesPerSecond: 256 * 1024))
+        let dir = TempDir(), state = TempDir()
+        let url = server.url("/p.bin").replacingOccurrences(of: "http://", with: "http://urluser:UrlSecret2@")
+        let p = try CLI.start(["get", url, "-o", dir.file("p.bin").string, "-u", "alice:TopSecret1",
+                               "-H", "X-Token: HeaderSecret3", "--cookie=session=CookieSecret4",
+                               "--proxy", "http://pu:ProxySecret5@127.0.0.1:1", "--noproxy", "127.0.0.1", "-q"], state: state.path)
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        // Once the request is made, the arguments were parsed long before.
+        #expect(CLI.waitFor { !server.requests("/p.bin").isEmpty || !p.isRunning })
+        let raw = FileManager.default.contents(atPath: "/proc/\(p.processIdentifier)/cmdline") ?? Data()
+        let cmdline = String(decoding: raw.map { $0 == 0 ? 32 : $0 }, as: UTF8.self)
+        for secret in ["TopSecret1", "UrlSecret2", "HeaderSecret3", "CookieSecret4", "ProxySecret5", "alice", "urluser"] {
+            #expect(!cmdline.contains(secret), "\(secret) is visible: \(cmdline)")
+        }
+        #expect(cmdline.contains("X-Token:") && cmdline.contains("127.0.0.1"), "the rest stays readable: \(cmdline)")
+        // And the secrets were used: the request carried them.
+        let request = try #require(server.requests("/p.bin").first)
+        #expect(request.headers["x-token"] == "HeaderSecret3")
+        #expect(request.headers["cookie"] == "session=CookieSecret4")
+        await server.stop()
+    }
+}
