@@ -206,7 +206,7 @@ public final class Daemon: Sendable {
     func settings(secrets: Bool = false) async -> APISettings {
         let proxy = proxySetting.withLockedValue { $0 }
         return APISettings(maxConcurrentDownloads: await manager.maxConcurrentDownloads, speedLimit: await manager.speedLimit,
-                           proxy: secrets ? proxy : proxy.map(DownloadURL.redacted), order: await manager.order.rawValue,
+                           proxy: secrets ? proxy : proxy.map(ProxyURL.redacted), order: await manager.order.rawValue,
                            startsAllAtOnce: await manager.startsAllAtOnce)
     }
 

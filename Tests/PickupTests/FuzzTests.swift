@@ -73,7 +73,8 @@ struct SplitMix: RandomNumberGenerator {
             #expect(throws: PickupError.self, "\(bad)") { try DownloadURL.check(bad) }
         }
         #expect(throws: PickupError.self) { try FileDownload.resolveRedirect("http://127.0.0.1:99999/", from: "http://a/", allowInsecure: false) }
-        #expect(DownloadURL.redacted("https://me:hunter2@example.com/f?x=@") == "https://me:***@example.com/f?x=@")
+        #expect(DownloadURL.redacted("https://me:hunter2@example.com/f?x=@") == "https://***@example.com/f?x=@")
+        #expect(DownloadURL.redacted("https://ghp_TOKEN@example.com/f") == "https://***@example.com/f")
         #expect(DownloadURL.redacted("https://example.com/a@b") == "https://example.com/a@b")
     }
 

@@ -23,6 +23,16 @@ import TestServer
         #expect(throws: PickupError.self) { try ProxyURL(parsing: "ftp://x:1") }
         #expect(throws: PickupError.self) { try ProxyURL(parsing: "socks5://u:p@x:1") }
         #expect(try ProxyURL(parsing: "http://u:p%40@x:8080").password == "p@")
+        // Strict: a typo is refused, not taken for a proxy named "http"; nothing may follow the port.
+        #expect(throws: PickupError.self) { try ProxyURL(parsing: "http//u:pw@host:3128") }
+        #expect(throws: PickupError.self) { try ProxyURL(parsing: "http://host:3128/path") }
+        #expect(throws: PickupError.self) { try ProxyURL(parsing: "http://host:3128?x") }
+        #expect(try ProxyURL(parsing: "u:pw@host:3128").host == "host")
+        #expect(try ProxyURL(parsing: "http://host:3128/").port == 3128)
+        // Shown without user information in every form.
+        #expect(ProxyURL.redacted("u:pw@host:3128") == "***@host:3128")
+        #expect(ProxyURL.redacted("http://u:pw@host:3128") == "http://***@host:3128")
+        #expect(ProxyURL.redacted("host:3128") == "host:3128")
     }
 }
 
@@ -116,7 +126,7 @@ struct DaemonProxyTests {
         f.server.set("/b.bin", Resource(body: [4, 5, 6]))
         let withUser = proxy.url.replacingOccurrences(of: "http://", with: "http://me:pw@")
         let set = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(withUser)))
-        #expect(set.proxy == proxy.url.replacingOccurrences(of: "http://", with: "http://me:***@"))
+        #expect(set.proxy == proxy.url.replacingOccurrences(of: "http://", with: "http://***@"))
         let a = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin")))
         try await f.waitUntil { $0[a.id]?.state == "completed" }
         #expect(proxy.connections(to: f.server.port) == 1, "\(proxy.log)")

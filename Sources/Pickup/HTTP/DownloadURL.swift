@@ -32,17 +32,15 @@ public enum DownloadURL {
         return parsed
     }
 
-    /// `url` with the password of its user information replaced by `***` (`http://user:***@host/`),
-    /// for messages, listings, events and logs. Anything that is not a parseable URL with
-    /// credentials comes back unchanged.
+    /// `url` with its user information replaced whole by `***` (`http://***@host/`), for messages,
+    /// listings, events, logs and hooks: a user name can be a token (`https://ghp_TOKEN@host/`).
+    /// Anything that is not a URL with user information comes back unchanged.
     public static func redacted(_ url: String) -> String {
         guard url.utf8.contains(UInt8(ascii: "@")), let schemeEnd = url.range(of: "://") else { return url }
         let authorityStart = schemeEnd.upperBound
         let authorityEnd = url[authorityStart...].firstIndex(where: { $0 == "/" || $0 == "?" || $0 == "#" }) ?? url.endIndex
         let authority = url[authorityStart..<authorityEnd]
         guard let at = authority.lastIndex(of: "@") else { return url }
-        let userinfo = authority[..<at]
-        let user = userinfo.firstIndex(of: ":").map { userinfo[..<$0] } ?? userinfo
-        return String(url[..<authorityStart]) + user + ":***" + String(url[at...])
+        return String(url[..<authorityStart]) + "***" + String(url[at...])
     }
 }

@@ -15,8 +15,13 @@ public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: ``PickupError/invalidInput(_:)``.
     public init(parsing text: String) throws(PickupError) {
         let withScheme = text.contains("://") ? text : "http://" + text
-        guard let u = URL(string: withScheme), let scheme = u.scheme?.lowercased(), let host = u.host, !host.isEmpty else {
-            throw .invalidInput("not a proxy URL: \(DownloadURL.redacted(text))")
+        // Strictly `scheme://[user[:password]@]host[:port][/]`: nothing else may follow (a typo
+        // such as `http//u:pw@host` would otherwise be a proxy named `http`).
+        guard let u = URL(string: withScheme), let scheme = u.scheme?.lowercased(), let host = u.host, !host.isEmpty,
+            u.path.isEmpty || u.path == "/", u.query == nil, u.fragment == nil,
+            !text.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F })
+        else {
+            throw .invalidInput("not a proxy URL: \(Self.redacted(text))")
         }
         switch scheme {
         case "http": kind = .http
@@ -35,6 +40,12 @@ public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
 
     /// `scheme://host:port`, credentials left out.
     public var description: String { "\(kind.rawValue)://\(host):\(port)" }
+
+    /// A proxy setting as text, its user information hidden in every form (`user:pw@host:port`
+    /// included, which has no scheme).
+    public static func redacted(_ text: String) -> String {
+        text.contains("://") ? DownloadURL.redacted(text) : String(DownloadURL.redacted("http://" + text).dropFirst(7))
+    }
 }
 
 /// Which proxy each request goes through: curl's rules. `--proxy` for every URL, else the
