@@ -47,6 +47,7 @@ let package = Package(
             dependencies: [
                 "Pickup",
                 "CPickupShims",
+                .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

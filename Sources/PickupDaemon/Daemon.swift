@@ -1,5 +1,8 @@
+import Atomics
 import Foundation
+import HTTPTypes
 import Hummingbird
+import NIOCore
 import Logging
 import NIOConcurrencyHelpers
 import Pickup
@@ -36,6 +39,12 @@ public struct DaemonConfiguration: Sendable {
     /// Bytes of changes queued for one event-stream client before it is cut off (it reconnects
     /// for a new snapshot).
     public var maxEventBacklog = 1 << 20
+    /// Seconds a connection may go without a complete request head (idle between requests, or
+    /// sending its head slowly) before it is closed: what a client holding connections can delay
+    /// others by. Not while a response is being written (an event stream stays open).
+    public var idleTimeout = 30.0
+    /// Connections at once; one more is closed as soon as it is accepted.
+    public var maxConnections = 256
 
     /// A configuration.
     public init(root: FilePath, stateDirectory: FilePath) {
@@ -68,6 +77,8 @@ public final class Daemon: Sendable {
     let group = NIOLockedValueBox<ServiceGroup?>(nil)
     /// The event streams' fan-out.
     let hub: EventHub
+    /// Connections open now (``ConnectionLimit``).
+    let connections = ManagedAtomic(0)
     /// The proxy set through the API (nil: what `pickup serve` was started with).
     let proxySetting = NIOLockedValueBox<String?>(nil)
     /// The hooks: the command line's, else the settings file's.
@@ -141,8 +152,12 @@ public final class Daemon: Sendable {
         let router = Router(context: BasicRequestContext.self)
         Routes(daemon: self).register(on: router)
         let host = configuration.host
+        let open = connections
+        let limit = configuration.maxConnections
         let app = Application(
             router: router,
+            server: .http1(configuration: .init(additionalChannelHandlers: [ConnectionLimit(open: open, limit: limit)],
+                                                idleTimeout: .nanoseconds(Int64(configuration.idleTimeout * 1e9)))),
             configuration: .init(address: .hostname(host, port: configuration.port), serverName: nil),
             onServerRunning: { [self] channel in
                 let port = channel.localAddress?.port ?? configuration.port

@@ -1,6 +1,8 @@
+import Atomics
 import Foundation
 import HTTPTypes
 import Hummingbird
+import NIOCore
 import Pickup
 
 /// An API error: a status, a stable code and a readable message, sent as
@@ -149,5 +151,35 @@ struct BearerAuth<Context: Hummingbird.RequestContext>: RouterMiddleware {
         var diff: UInt8 = 0
         for i in 0..<a.count { diff |= a[i] ^ b[i] }
         return diff == 0
+    }
+}
+
+/// Caps the daemon's connections: one past `limit` is closed as soon as it is set up, before it
+/// is read from, so that a client opening connections by the hundred cannot exhaust descriptors
+/// (and with them the API, the hooks and the downloads' files). Idle connections and slow heads
+/// are closed by the server's idle timeout (``DaemonConfiguration/idleTimeout``).
+final class ConnectionLimit: ChannelInboundHandler, RemovableChannelHandler, Sendable {
+    // A pass-through: nothing is read as a type (the parts are the server's HTTPRequestPart).
+    typealias InboundIn = Any
+    typealias InboundOut = Any
+
+    let open: ManagedAtomic<Int>
+    let limit: Int
+    private let counted = ManagedAtomic(false)
+
+    init(open: ManagedAtomic<Int>, limit: Int) {
+        self.open = open
+        self.limit = limit
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        counted.store(true, ordering: .relaxed)
+        if open.wrappingIncrementThenLoad(ordering: .relaxed) > limit {
+            context.close(promise: nil)
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        if counted.exchange(false, ordering: .relaxed) { open.wrappingDecrement(ordering: .relaxed) }
     }
 }

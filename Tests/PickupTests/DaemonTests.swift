@@ -422,3 +422,76 @@ final class DaemonFixture: @unchecked Sendable {
         await f.close()
     }
 }
+
+/// A plain TCP client for what no HTTP client does: connections left idle, heads sent slowly.
+final class RawConnection {
+    let fd: Int32
+
+    init(port: Int) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let r = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard r == 0 else {
+            close(fd)
+            throw PickupError.network("cannot connect")
+        }
+        // Reads wait at most 100 ms, so that a check can poll.
+        var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    deinit { close(fd) }
+
+    func send(_ text: String) { _ = text.withCString { write(fd, $0, strlen($0)) } }
+
+    /// Whether the other side has closed the connection (a read returns 0 or fails other than by timeout).
+    var closedByPeer: Bool {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 4096, 0) }
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+    }
+}
+
+@Suite(.timeLimit(.minutes(2))) struct DaemonConnectionTests {
+    static func port(_ f: DaemonFixture) throws -> Int {
+        try #require(URL(string: f.baseURL)?.port)
+    }
+
+    /// Idle connections and slow heads are closed after the idle timeout (1 s here, 30 by default).
+    @Test func idleConnectionsAndSlowHeadsAreClosed() async throws {
+        let f = try await DaemonFixture { $0.idleTimeout = 1 }
+        defer { Task { await f.close() } }
+        let idle = try RawConnection(port: Self.port(f))
+        let slow = try RawConnection(port: Self.port(f))
+        // A head sent a byte at a time: every byte keeps nothing open.
+        var closed = false
+        for byte in "GET /api/v1/downloads HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".map(String.init) {
+            slow.send(byte)
+            if slow.closedByPeer {
+                closed = true
+                break
+            }
+        }
+        #expect(closed || CLI.waitFor(seconds: 30) { slow.closedByPeer }, "a slow head kept its connection")
+        #expect(CLI.waitFor(seconds: 30) { idle.closedByPeer }, "an idle connection was kept")
+        // The daemon answers others meanwhile and after.
+        #expect(try await f.api(.GET, "/downloads").status == 200)
+    }
+
+    /// Past the connection limit a new connection is closed at once; the daemon goes on.
+    @Test func connectionsPastTheLimitAreClosed() async throws {
+        let f = try await DaemonFixture { $0.maxConnections = 4 }
+        defer { Task { await f.close() } }
+        let held = try (0..<4).map { _ in try RawConnection(port: Self.port(f)) }
+        let extra = try RawConnection(port: Self.port(f))
+        #expect(CLI.waitFor(seconds: 30) { extra.closedByPeer }, "a connection past the limit was served")
+        #expect(held.allSatisfy { !$0.closedByPeer })
+        _ = held.count
+        withExtendedLifetime(held) {}
+    }
+}
