@@ -233,6 +233,28 @@ func isSymlink(_ path: FilePath) -> Bool {
     }
 }
 
+/// The retry budget counts progress by the most bytes ever held, so that a server cannot keep a
+/// download retrying for ever by sending new bytes that replace old ones.
+@Suite struct RetryBudgetTests {
+    @Test func wholeFilesCutShortAgainAndAgainExhaustTheRetries() async throws {
+        let f = try await Fixture(retries: 3)
+        defer { Task { await f.close() } }
+        let body = Resource.bytes(count: 100_000, seed: 12)
+        // No range support: every answer is a 200 with the whole file, cut after 1,000 bytes.
+        var r = Resource(body: body, acceptRanges: false, faults: Array(repeating: .dropAfter(1000), count: 40))
+        r.etag = "\"x\""
+        f.server.set("/cut.bin", r)
+        do {
+            _ = try await f.get("/cut.bin")
+            Issue.record("a server that never sends more than 1,000 bytes kept the download going to the end")
+        } catch {
+            #expect(error.category == .network, "\(error)")
+        }
+        // Three attempts without progress after the first: a handful of requests, not forty.
+        #expect(f.server.requests("/cut.bin").count <= 6)
+    }
+}
+
 /// Speed limits: every wait ends when the download is cancelled, whatever the limit.
 @Suite struct SpeedLimitTests {
     @Test func cancellingAtTheLowestLimitEndsTheDownloadAtOnce() async throws {

@@ -66,6 +66,12 @@ import TestServer
         #expect(own.matches(ip, now: 0) && !own.matches(URL(string: "http://127.1.0.1/f")!, now: 0))
         let jarForIP = try Cookie.parseNetscape("0.1\tTRUE\t/\tFALSE\t0\tz\t1")
         #expect(!jarForIP[0].matches(URL(string: "http://127.1.0.1/f")!, now: 0))
+        // Caps: 50 a domain, 300 in all, the newest kept; the Cookie field within 8 KiB.
+        let many = (0..<400).map { Cookie(name: "c\($0)", value: String(repeating: "v", count: 100), domain: "d\($0 % 4).example", hostOnly: true) }
+        let capped = Cookie.capped(many)
+        #expect(capped.count == 200 && capped.last?.name == "c399")
+        let sent = RequestOptions.fields(for: "http://d1.example/f", original: "http://d1.example/f", headers: [], jar: capped, now: 0)
+        #expect(sent.count == 1 && sent[0].value.utf8.count <= Cookie.maxHeader)
         // A cookie given for a URL goes to its origin only: not to another port or scheme.
         let given = Cookie.parseHeader("g=1", for: "http://127.0.0.1:8080/f")
         #expect(given.count == 1 && given[0].matches(ip, now: 0))

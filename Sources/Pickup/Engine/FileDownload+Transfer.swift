@@ -200,9 +200,10 @@ extension FileDownload {
         var unresolved = 0
         var url = lock.withLock { resolvedURL }
         let retireAfter = 3
-        // "Progress" is any new byte, on any connection, since this connection's previous failure
-        // (bytes that arrive elsewhere during a backoff count).
-        var sinceLastFailure = transferred.load(ordering: .relaxed)
+        // "Progress" is more bytes held than ever before in this run, on any connection, since this
+        // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
+        // bytes that replace held ones (a 200 cut short, again and again) are not progress.
+        var sinceLastFailure = lock.withLock { state.heldAtMost(heldBytes()) }
         while true {
             try Task.checkCancellation()
             if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
@@ -243,7 +244,7 @@ extension FileDownload {
                 }
             }
             cursor = sink.cursor
-            let now = transferred.load(ordering: .relaxed)
+            let now = lock.withLock { state.heldAtMost(heldBytes()) }
             let progressed = now > sinceLastFailure
             if sink.decision?.writes == true, cursor.position.load(ordering: .relaxed) > offset { ownFailures = 0 }
             switch sink.decision {

@@ -303,11 +303,13 @@ final class FileDownload: @unchecked Sendable {
         guard !fields.isEmpty, let u = URL(string: url) else { return }
         let now = Clock.wallSeconds()
         lock.withLock {
-            for field in fields {
-                guard let c = Cookie.parseSetCookie(field.value, from: u, now: now) else { continue }
+            for field in fields.prefix(Cookie.maxPerDomain) {
+                guard let c = Cookie.parseSetCookie(field.value, from: u, now: now),
+                    c.name.utf8.count + c.value.utf8.count <= Cookie.maxSize else { continue }
                 jar.removeAll { $0.name == c.name && $0.domain == c.domain && $0.path == c.path }
                 if (c.expires ?? .max) > now { jar.append(c) }
             }
+            jar = Cookie.capped(jar)
         }
     }
 

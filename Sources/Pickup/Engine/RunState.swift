@@ -27,6 +27,9 @@ struct RunState {
     var keptFromStart: Int64 = 0
     /// Seconds from sending the latest request to its response head: what a new request costs.
     var latency: Double?
+    /// The most bytes held at once in this run: what the retry budget counts progress by (a
+    /// restart does not lower it).
+    private(set) var mostHeld: Int64 = 0
 
     init(record: ControlRecord, minSplit: Int64) {
         checkpoints = Checkpoints(record: record)
@@ -41,6 +44,12 @@ struct RunState {
     var activeConnections: Int { scheduler?.activeConnections ?? 0 }
 
     // MARK: - Events
+
+    /// `held` bytes are held now: returns the most ever held, this included.
+    mutating func heldAtMost(_ held: Int64) -> Int64 {
+        mostHeld = max(mostHeld, held)
+        return mostHeld
+    }
 
     /// A control file was read (and ``Recovery`` kept it): the record, and ranges over it when
     /// the length is known.

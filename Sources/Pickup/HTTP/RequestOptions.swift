@@ -96,6 +96,25 @@ public struct Cookie: Sendable, Codable, Equatable {
         return path == self.path || (path.hasPrefix(self.path) && (self.path.hasSuffix("/") || path.dropFirst(self.path.count).first == "/"))
     }
 
+    /// Cookies kept per domain and in all (RFC 6265 §6.1 asks for at least 50 and 3,000; a
+    /// download needs far fewer), the size of one (name and value, §6.1: 4,096) and of the
+    /// `Cookie` field sent: what a server setting thousands of cookies can make Pickup hold and send.
+    static let maxPerDomain = 50
+    static let maxTotal = 300
+    static let maxSize = 4096
+    static let maxHeader = 8192
+
+    /// `jar` within the caps, the newest of each domain kept (they come last).
+    static func capped(_ jar: [Cookie]) -> [Cookie] {
+        var perDomain: [String: Int] = [:]
+        var kept: [Cookie] = []
+        for c in jar.reversed() {
+            perDomain[c.domain, default: 0] += 1
+            if perDomain[c.domain]! <= maxPerDomain, kept.count < maxTotal { kept.append(c) }
+        }
+        return kept.reversed()
+    }
+
     /// Whether `host` is an IP address literal (IPv4 dotted, or IPv6).
     static func isIPAddress(_ host: String) -> Bool {
         host.contains(":") || (!host.isEmpty && host.allSatisfy { $0 == "." || ($0.isASCII && $0.isNumber) })
@@ -214,10 +233,14 @@ public struct RequestOptions: Sendable, Codable, Equatable {
         let sameOrigin = Origin(url) == Origin(original)
         var out: [(name: String, value: String)] = []
         for h in headers where sameOrigin || !h.isSecret { out.append((h.name, h.value)) }
-        let matching = jar.filter { $0.matches(target, now: now) }
-        if !matching.isEmpty {
-            out.append(("Cookie", matching.map { "\($0.name)=\($0.value)" }.joined(separator: "; ")))
+        var cookie = ""
+        for c in jar where c.matches(target, now: now) {
+            let pair = "\(c.name)=\(c.value)"
+            // The field stays within its size: the cookies past it are left out.
+            guard cookie.utf8.count + pair.utf8.count + 2 <= Cookie.maxHeader else { break }
+            cookie += cookie.isEmpty ? pair : "; " + pair
         }
+        if !cookie.isEmpty { out.append(("Cookie", cookie)) }
         return out
     }
 
