@@ -125,7 +125,8 @@ public final class Daemon: Sendable {
         manager.engine = configuration.engine
         manager.transport = configuration.transport
         if let saved = saved?.proxy, let rules = try? Self.proxyRules(saved, over: configuration.transport.proxies) {
-            manager.transport.proxies = rules
+            // Set through the API: not for downloads that carry secrets.
+            manager.untrustedProxies = rules
         }
         manager.root = root
         self.manager = try DownloadManager(configuration: manager)
@@ -253,7 +254,8 @@ public final class Daemon: Sendable {
         if let on = patch.startsAllAtOnce { await manager.setStartsAllAtOnce(on) }
         if let rules, let proxy = patch.proxy {
             proxySetting.withLockedValue { $0 = proxy }
-            await manager.setProxies(rules)
+            // A proxy an API client chose carries no one's secrets (null: back to serve's own).
+            await manager.setProxies(rules, trusted: proxy == nil)
         }
         files.saveSettings(await settings(secrets: true))
         return await settings()

@@ -139,6 +139,14 @@ struct DaemonProxyTests {
         let b = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin")))
         try await f.waitUntil { $0[b.id]?.state == "completed" }
         #expect(proxy.connections(to: f.server.port) == 2, "the saved proxy applies after a restart")
+        // A download that carries a secret does not go through a proxy an API client chose.
+        f.server.set("/c.bin", Resource(body: [7, 8, 9]))
+        var secret = APIAddRequest(url: f.server.url("/c.bin"))
+        secret.headers = ["Authorization": "Bearer not-for-the-proxy"]
+        let c = try await f.client.add(secret)
+        try await f.waitUntil { $0[c.id]?.state == "completed" }
+        #expect(proxy.connections(to: f.server.port) == 2, "a secret went through the API's proxy")
+        #expect(f.server.requests("/c.bin").first?.headers["authorization"] == "Bearer not-for-the-proxy")
         _ = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(nil)))
         #expect(try await f.client.settings().proxy == nil)
     }

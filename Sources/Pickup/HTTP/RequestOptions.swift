@@ -244,6 +244,12 @@ public struct RequestOptions: Sendable, Codable, Equatable {
         return out
     }
 
+    /// Whether a download of `url` with these options sends a secret: a secret header field, a
+    /// cookie, or credentials in the URL.
+    public func carriesSecrets(url: String) -> Bool {
+        headers.contains { $0.isSecret } || !cookies.isEmpty || Self.credentials(in: url) != nil
+    }
+
     /// The credentials of a URL's user information (`http://user:password@host/`), as Basic.
     public static func credentials(in url: String) -> RequestHeader? {
         guard let u = URL(string: url), let user = u.user(percentEncoded: false), !user.isEmpty else { return nil }

@@ -52,6 +52,11 @@ public actor DownloadManager {
         /// When set, every download's file must lie inside this directory and nothing below it is
         /// reached through a symlink, at every run and every deletion (``DownloadRequest/root``).
         public var root: FilePath?
+        /// Proxies set by someone other than the owner (a daemon's API client): transfers go through
+        /// them, except those carrying secrets (``RequestOptions/carriesSecrets``), which keep
+        /// `transport`'s proxies, so that no one can route another's credentials through a proxy of
+        /// their choosing.
+        public var untrustedProxies: ProxyRules?
 
         /// A configuration with its state in `stateDirectory`.
         public init(stateDirectory: FilePath) { self.stateDirectory = stateDirectory }
@@ -89,6 +94,9 @@ public actor DownloadManager {
     /// The engine new transfers run on (replaced by ``setProxies(_:)``); a replaced one is shut
     /// down once the transfers on it have ended (or with the manager).
     var downloader: Downloader
+    /// While the proxies are untrusted: the engine on the owner's proxies, for transfers that
+    /// carry secrets.
+    var trustedDownloader: Downloader?
     var retiredDownloaders: [ObjectIdentifier: Downloader] = [:]
     var engineOptions: DownloadOptions
     var transportOptions: HTTPClientTransport.Options
@@ -144,9 +152,14 @@ public actor DownloadManager {
         self.configuration = configuration
         self.store = store
         self.lockFile = lock
-        self.downloader = Downloader(options: engine, transport: configuration.transport)
+        var transport = configuration.transport
+        if let untrusted = configuration.untrustedProxies {
+            transport.proxies = untrusted
+            trustedDownloader = Downloader(options: engine, transport: configuration.transport)
+        }
+        self.downloader = Downloader(options: engine, transport: transport)
         self.engineOptions = engine
-        self.transportOptions = configuration.transport
+        self.transportOptions = transport
         self.globalLimiter = RateLimiter(bytesPerSecond: configuration.speedLimit)
         self.queue = DownloadQueue(order: configuration.order)
         self.maxConcurrent = max(1, configuration.maxConcurrentDownloads)
@@ -207,6 +220,7 @@ public actor DownloadManager {
         }
         for run in runs.values { await run.task.value }
         await downloader.shutdown()
+        await trustedDownloader?.shutdown()
         for d in retiredDownloaders.values { await d.shutdown() }
         emitTotals()
         for o in observers.values { o.end() }
@@ -425,14 +439,29 @@ public actor DownloadManager {
         queue.setOrder(order)
     }
 
-    /// Which proxies transfers go through from now on (transfers already running finish as they are).
-    public func setProxies(_ rules: ProxyRules) {
+    /// Which proxies transfers go through from now on (transfers already running finish as they
+    /// are). `trusted: false` (set by someone other than the owner): transfers that carry secrets
+    /// keep the proxies the manager was configured with.
+    public func setProxies(_ rules: ProxyRules, trusted: Bool = true) {
+        if trusted {
+            if let t = trustedDownloader {
+                trustedDownloader = nil
+                retire(t)
+            }
+        } else if trustedDownloader == nil {
+            trustedDownloader = Downloader(options: engineOptions, transport: configuration.transport)
+        }
         guard rules != transportOptions.proxies else { return }
         transportOptions.proxies = rules
         let old = downloader
-        retiredDownloaders[ObjectIdentifier(old)] = old
         downloader = Downloader(options: engineOptions, transport: transportOptions)
-        // However often the setting changes, only the engines transfers still run on stay open.
+        retire(old)
+    }
+
+    /// Shuts `old` down once the transfers running now have ended (however often the setting
+    /// changes, only the engines transfers still run on stay open).
+    private func retire(_ old: Downloader) {
+        retiredDownloaders[ObjectIdentifier(old)] = old
         let runs = running.values.map(\.task)
         Task {
             for run in runs { await run.value }
@@ -618,7 +647,7 @@ public actor DownloadManager {
         var request = Self.request(for: info, root: configuration.root)
         request.limiters = [globalLimiter] + (limiters[id].map { [$0] } ?? [])
         let box = NIOLockedValueBox(Reported())
-        let downloader = self.downloader
+        let downloader = request.options.carriesSecrets(url: request.url) ? trustedDownloader ?? self.downloader : self.downloader
         let task = Task {
             let result: Result<DownloadResult, PickupError>
             do throws(PickupError) {
