@@ -17,6 +17,10 @@ enum Confinement {
         guard !name.isEmpty, name.utf8.count <= 1024, !name.contains("\0") else {
             throw .badName("a name must be 1 to 1024 characters")
         }
+        // No control characters (ESC, newlines...): a name is printed by `pickup ls` and shown in pages.
+        guard !name.unicodeScalars.contains(where: { $0.value < 0x20 || ($0.value >= 0x7F && $0.value < 0xA0) }) else {
+            throw .badName("a name must not contain control characters")
+        }
         let path = FilePath(name)
         guard !path.isAbsolute, path.root == nil else { throw .badName("the name must be relative to the download root") }
         let parts = path.components.map(\.string).filter { $0 != "." }

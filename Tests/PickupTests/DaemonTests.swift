@@ -200,7 +200,8 @@ final class DaemonFixture: @unchecked Sendable {
         let outside = TempDir()
         try FileManager.default.createSymbolicLink(atPath: f.root.file("link").string, withDestinationPath: outside.path.string)
         try FileManager.default.createSymbolicLink(atPath: f.root.file("passwd").string, withDestinationPath: "/etc/passwd")
-        for name in ["../x.bin", "/tmp/x.bin", "a/../../x.bin", "..", "link/x.bin", "passwd", "", "sub/./../../x"] {
+        for name in ["../x.bin", "/tmp/x.bin", "a/../../x.bin", "..", "link/x.bin", "passwd", "", "sub/./../../x",
+                     "esc\\u001b[2Jx.bin", "new\\nline.bin"] {
             let body = #"{"url":"\#(f.server.url("/x.bin"))","name":"\#(name)"}"#
             let r = try await f.api(.POST, "/downloads", body: body)
             #expect(r.status == 400, "\(name)")

@@ -52,6 +52,7 @@ func isSymlink(_ path: FilePath) -> Bool {
             // The partial file itself is a symlink: refused, said so, and left for the user.
             guard case .failure(let e) = result else { Issue.record("a symlinked partial file was used"); return }
             #expect(e.description.contains("symbolic link"))
+            #expect(e.category == .fileSystem, "exit 6, as the README says")
             #expect(f.dir.read("x.bin") == nil)
         default:
             // A symlinked control file or temp file is replaced by a file of our own.

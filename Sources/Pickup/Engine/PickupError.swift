@@ -55,6 +55,7 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
             switch errno {
             case .noSpace: return "disk full while writing \(path); free some space and run again to resume"
             case .permissionDenied, .notPermitted: return "permission denied: \(path)"
+            case .tooManySymbolicLinkLevels: return "\(path) is a symbolic link; refusing to write through it (remove it and run again)"
             default: return "\(path): \(errno.description)"
             }
         case .targetExists(let path): return "\(path) already exists"

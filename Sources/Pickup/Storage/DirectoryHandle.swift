@@ -98,7 +98,8 @@ public final class DirectoryHandle: Sendable {
         guard fd >= 0 else {
             let e = errno
             if e == ELOOP || e == EMLINK {
-                throw .invalidInput("\(pathOf(name)) is a symbolic link; refusing to write through it (remove it and run again)")
+                // A file-system matter (exit 6, as documented), said as such.
+                throw .fileSystem(pathOf(name).string, .tooManySymbolicLinkLevels)
             }
             throw .fileSystem(pathOf(name).string, Errno(rawValue: e))
         }
