@@ -108,6 +108,18 @@ import Testing
         #expect(c.restarted({ $0.totalLength = nil }) == .none)
     }
 
+    @Test func restartingOverAFileThatClaimsNothingRewritesItsEpochAtOnce() {
+        var c = Self.fresh(total: 100)
+        c.loaded(ControlRecord(url: "http://h/f", target: nil, validators: Self.strong, totalLength: 100,
+                               segments: [SegmentRecord(start: 0, end: 100, done: 0)], epoch: 7))
+        #expect(c.onDisk == .claimsNothing)
+        guard case .store(let record, _, let durable) = c.restarted({ $0.totalLength = nil }) else {
+            Issue.record("the old epoch and validators would stay on disk while the cursors take the new epoch")
+            return
+        }
+        #expect(!durable && record.epoch != 7 && record.validators == Self.strong)
+    }
+
     @Test func aRecoveryClaimsTheWrittenRangesAfterTheCallersFsync() {
         var c = Self.fresh(total: 1000)
         // A control file as a killed run left it.

@@ -92,15 +92,17 @@ struct Checkpoints: Equatable {
     mutating func end() { ended = true }
 
     /// Every held byte is being discarded (`reset` makes the new, empty description): a new epoch.
-    /// Returns the store to carry out before a byte of the new representation is written (when the
-    /// file on disk claims bytes, it would pair them with the new ones), else nothing: the next
-    /// description or checkpoint writes it.
+    /// Returns the store to carry out before a byte of the new representation is written and
+    /// before the cursor file takes the new epoch: durable when the file on disk claims bytes (it
+    /// would pair them with the new ones), else without fsync (a file that claims nothing keeps
+    /// the old epoch and validators otherwise, and a kill then would find the cursors of the new
+    /// bytes under another epoch, and lose them); nothing when there is no control file.
     mutating func restarted(_ reset: (inout ControlRecord) -> Void) -> Action {
         reset(&record)
         for i in record.segments.indices { record.segments[i].done = 0 }
         record.epoch = ControlRecord.newEpoch()
         version += 1
-        return onDisk == .claimsBytes ? .store(record, version: version, durable: true) : .none
+        return onDisk == .nothing ? .none : .store(record, version: version, durable: onDisk == .claimsBytes)
     }
 
     /// A periodic checkpoint, given how many bytes of each range (by index, from its start) are
