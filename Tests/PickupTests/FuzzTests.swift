@@ -122,6 +122,12 @@ struct SplitMix: RandomNumberGenerator {
             _ = try? Cookie.parseNetscape(pick(Self.headerValues))
             _ = Netrc(parsing: pick(Self.headerValues))
             _ = try? RequestHeader(line: pick(Self.headerNames) + ":" + pick(Self.headerValues))
+            // Proxies in every form, and what they show.
+            let proxyText = pick(["", "http://", "socks5://", "u:p@", "http//"]) + pick(Self.headerValues) + pick(["", ":1", ":65536", "@h:2", "/p"])
+            _ = try? ProxyURL(parsing: proxyText)
+            _ = ProxyURL.redacted(proxyText)
+            _ = Cookie.parseHeader(pick(Self.headerValues), for: "http://" + pick(["a.example.com", "127.0.0.1:8080", "[::1]:1"]) + "/f")
+            _ = Cookie.capped([Cookie(name: pick(Self.headerValues), value: "v", domain: pick(Self.headerValues), hostOnly: rng.next() % 2 == 0)])
         }
     }
 }
