@@ -59,14 +59,35 @@ enum CLI {
     }
 
     /// Starts `pickup` with `args`, waits (bounded) until `condition` holds or it ends, then
-    /// SIGKILLs it; returns whether the kill ended it.
-    static func startAndKill(_ args: [String], state: FilePath, when condition: () -> Bool) throws -> Bool {
+    /// SIGKILLs it; returns whether the kill ended it. Holds no thread of Swift's cooperative pool.
+    static func startAndKill(_ args: [String], state: FilePath, when condition: () -> Bool) async throws -> Bool {
         let p = try start(args, state: state)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        let reached = waitFor { condition() || !p.isRunning }
+        let reached = await eventually { condition() || !p.isRunning }
         kill(p.processIdentifier, SIGKILL)
+        _ = await eventually { !p.isRunning }
         p.waitUntilExit()
         return reached && p.terminationReason == .uncaughtSignal
+    }
+
+    /// Waits (bounded) until `condition` holds, polling, without holding a thread of Swift's
+    /// cooperative pool (two here: a test that blocks one starves every in-process daemon and
+    /// manager of the suite).
+    static func eventually(seconds: Double = 60, _ condition: () -> Bool) async -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if condition() { return true }
+            try? await Task.sleep(nanoseconds: 10_000_000)
+        }
+        return condition()
+    }
+
+    /// Runs a blocking call (a child process to its end) on a Dispatch thread, not on Swift's
+    /// cooperative pool.
+    static func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+        }
     }
 
     /// Starts `pickup get`, waits until the control file claims more than `after` bytes and
@@ -172,7 +193,7 @@ func heldAfterKill(_ out: FilePath) -> (durable: Int64, written: Int64) {
         let out = dir.file("r.bin")
         let args = ["get", server.url("/r.bin"), "-o", out.string, "--quiet", "-x", "2"]
         // Killed after some bytes and before the first checkpoint (1 s) has made them durable.
-        #expect(try CLI.startAndKill(args, state: state.path) { server.bytesSent("/r.bin") >= 300_000 })
+        #expect(try await CLI.startAndKill(args, state: state.path) { server.bytesSent("/r.bin") >= 300_000 })
         let before = heldAfterKill(out)
         #expect(before.written > before.durable, "the cursors vouch for bytes the checkpoint does not")
         let record = try #require(ControlFile.load(FilePath(out.string + SafeFileName.controlSuffix)))

@@ -441,19 +441,17 @@ final class RawConnection {
             close(fd)
             throw PickupError.network("cannot connect")
         }
-        // Reads wait at most 100 ms, so that a check can poll.
-        var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 
     deinit { close(fd) }
 
     func send(_ text: String) { _ = text.withCString { write(fd, $0, strlen($0)) } }
 
-    /// Whether the other side has closed the connection (a read returns 0 or fails other than by timeout).
+    /// Whether the other side has closed the connection (a read returns 0, or fails other than
+    /// for want of data). Never waits.
     var closedByPeer: Bool {
         var buffer = [UInt8](repeating: 0, count: 4096)
-        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 4096, 0) }
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 4096, Int32(MSG_DONTWAIT)) }
         return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
     }
 }
@@ -473,13 +471,14 @@ final class RawConnection {
         var closed = false
         for byte in "GET /api/v1/downloads HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".map(String.init) {
             slow.send(byte)
-            if slow.closedByPeer {
+            if await CLI.eventually(seconds: 0.1, { slow.closedByPeer }) {
                 closed = true
                 break
             }
         }
-        #expect(closed || CLI.waitFor(seconds: 30) { slow.closedByPeer }, "a slow head kept its connection")
-        #expect(CLI.waitFor(seconds: 30) { idle.closedByPeer }, "an idle connection was kept")
+        let slowClosed = await CLI.eventually(seconds: 30) { closed || slow.closedByPeer }
+        #expect(slowClosed, "a slow head kept its connection")
+        #expect(await CLI.eventually(seconds: 30) { idle.closedByPeer }, "an idle connection was kept")
         // The daemon answers others meanwhile and after.
         #expect(try await f.api(.GET, "/downloads").status == 200)
     }
@@ -490,7 +489,7 @@ final class RawConnection {
         defer { Task { await f.close() } }
         let held = try (0..<4).map { _ in try RawConnection(port: Self.port(f)) }
         let extra = try RawConnection(port: Self.port(f))
-        #expect(CLI.waitFor(seconds: 30) { extra.closedByPeer }, "a connection past the limit was served")
+        #expect(await CLI.eventually(seconds: 30) { extra.closedByPeer }, "a connection past the limit was served")
         #expect(held.allSatisfy { !$0.closedByPeer })
         _ = held.count
         withExtendedLifetime(held) {}

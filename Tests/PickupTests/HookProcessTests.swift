@@ -34,15 +34,15 @@ import TestServer
         let dir = TempDir(), state = TempDir(), scripts = TempDir()
         // A child in the background that outlives the hook's own process, and a wait.
         let hook = Self.hook(in: scripts, "sleep 300 >/dev/null 2>&1 &\necho $! > \(scripts.file("child.pid").string)\nsleep 300")
-        let r = try CLI.capture(["get", server.url("/h.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
-                                 "--hook-timeout", "1"], state: state.path)
+        let r = try await CLI.offPool { try CLI.capture(["get", server.url("/h.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+                                 "--hook-timeout", "1"], state: state.path) }
         #expect(r.status == 0)
         #expect(r.err.contains("ran out of time"), "\(r.err)")
         let child = try #require(Self.pid(scripts, "child.pid"))
         let own = try #require(Self.pid(scripts, "hook.pid"))
         defer { kill(child, SIGKILL); kill(own, SIGKILL) }
         // pickup has exited: the hook and the child it started went with its process group.
-        #expect(CLI.waitFor(seconds: 10) { !Self.alive(child) && !Self.alive(own) }, "the hook's group outlived it")
+        #expect(await CLI.eventually(seconds: 10) { !Self.alive(child) && !Self.alive(own) }, "the hook's group outlived it")
         await server.stop()
     }
 
@@ -52,8 +52,8 @@ import TestServer
         let dir = TempDir(), state = TempDir(), scripts = TempDir()
         // Exits at once, leaving a background child that would hold any descriptor it inherited.
         let hook = Self.hook(in: scripts, "sleep 300 >/dev/null 2>&1 &\necho $! > \(scripts.file("child.pid").string)\nls -l /proc/self/fd/ > \(scripts.file("fds").string)\nexit 0")
-        let r = try CLI.capture(["get", server.url("/b.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
-                                 "--hook-timeout", "120"], state: state.path)
+        let r = try await CLI.offPool { try CLI.capture(["get", server.url("/b.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+                                 "--hook-timeout", "120"], state: state.path) }
         let child = try #require(Self.pid(scripts, "child.pid"))
         defer { kill(child, SIGKILL) }
         #expect(r.status == 0)
@@ -75,14 +75,14 @@ import TestServer
         let p = try CLI.start(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
                                "--hook-timeout", "600"], state: state.path)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        #expect(CLI.waitFor { Self.pid(scripts, "hook.pid") != nil })
+        #expect(await CLI.eventually { Self.pid(scripts, "hook.pid") != nil })
         let own = try #require(Self.pid(scripts, "hook.pid"))
         defer { kill(own, SIGKILL) }
         kill(p.processIdentifier, SIGTERM)
-        #expect(CLI.waitFor(seconds: 30) { !p.isRunning }, "SIGTERM was not honoured while a hook ran")
+        #expect(await CLI.eventually(seconds: 30) { !p.isRunning }, "SIGTERM was not honoured while a hook ran")
         p.waitUntilExit()
         #expect(p.terminationReason == .exit && p.terminationStatus == 143)
-        #expect(CLI.waitFor(seconds: 10) { !Self.alive(own) }, "the hook outlived pickup")
+        #expect(await CLI.eventually(seconds: 10) { !Self.alive(own) }, "the hook outlived pickup")
         await server.stop()
     }
 }
@@ -91,7 +91,7 @@ import TestServer
 @Suite(.serialized) struct ArgumentSecretTests {
     @Test func secretsAreOverwrittenInTheProcessArguments() async throws {
         let server = try await TestServer.start()
-        server.set("/p.bin", Resource(body: Resource.bytes(count: 2 * 1024 * 1024), bytesPerSecond: 256 * 1024))
+        server.set("/p.bin", Resource(body: Resource.bytes(count: 8 * 1024 * 1024), bytesPerSecond: 256 * 1024))
         let dir = TempDir(), state = TempDir()
         let url = server.url("/p.bin").replacingOccurrences(of: "http://", with: "http://urluser:UrlSecret2@")
         let p = try CLI.start(["get", url, "-o", dir.file("p.bin").string, "-u", "alice:TopSecret1",
@@ -99,8 +99,10 @@ import TestServer
                                "--proxy", "http://pu:ProxySecret5@127.0.0.1:1", "--noproxy", "127.0.0.1", "-q"], state: state.path)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
         // Once the request is made, the arguments were parsed long before.
-        #expect(CLI.waitFor { !server.requests("/p.bin").isEmpty || !p.isRunning })
+        #expect(await CLI.eventually { !server.requests("/p.bin").isEmpty || !p.isRunning })
+        #expect(p.isRunning, "pickup ended before its arguments could be read")
         let raw = FileManager.default.contents(atPath: "/proc/\(p.processIdentifier)/cmdline") ?? Data()
+        #expect(!raw.isEmpty, "no arguments to read")
         let cmdline = String(decoding: raw.map { $0 == 0 ? 32 : $0 }, as: UTF8.self)
         for secret in ["TopSecret1", "UrlSecret2", "HeaderSecret3", "CookieSecret4", "ProxySecret5", "alice", "urluser"] {
             #expect(!cmdline.contains(secret), "\(secret) is visible: \(cmdline)")

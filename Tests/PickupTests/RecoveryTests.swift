@@ -89,11 +89,11 @@ import TestServer
         let out = dir.file("n.bin")
         let args = ["get", server.url("/n.bin"), "-o", out.string, "-q", "-x", "1"]
         // Killed after some bytes and before the first checkpoint (1 s).
-        #expect(try CLI.startAndKill(args, state: state.path) { server.bytesSent("/n.bin") >= 600_000 })
+        #expect(try await CLI.startAndKill(args, state: state.path) { server.bytesSent("/n.bin") >= 600_000 })
         #expect(heldAfterKill(out).written > 0, "the cursors vouch for bytes (else this tests nothing)")
         server.set("/n.bin", Resource(body: new, etag: nil))
         let first = server.requests("/n.bin").count
-        #expect(try CLI.run(args, state: state.path) == 0)
+        #expect(try await CLI.offPool { try CLI.run(args, state: state.path) } == 0)
         let same = dir.read("n.bin") == new
         #expect(same, "old and new bytes were combined")
         #expect(server.requests("/n.bin").dropFirst(first).allSatisfy { $0.headers["range"]?.hasPrefix("bytes=0-") != false })
@@ -112,14 +112,14 @@ import TestServer
         let dir = TempDir(), state = TempDir()
         let out = dir.file("m.bin")
         let args = ["get", server.url("/m.bin"), "-o", out.string, "-q", "-x", "8"]
-        #expect(try CLI.startAndKill(args, state: state.path) { server.requests("/m.bin").count >= 4 })
+        #expect(try await CLI.startAndKill(args, state: state.path) { server.requests("/m.bin").count >= 4 })
         let held = heldAfterKill(out)
         let sent = Int64(server.bytesSent("/m.bin"))
         // Paced, so that what a connection has in flight when its range is cut is one chunk (at
         // full speed on loopback the server pushes megabytes into a socket before it is closed).
         server.update("/m.bin") { $0.bytesPerSecond = 4 * 1024 * 1024 }
         let first = server.requests("/m.bin").count
-        let rerun = try CLI.capture(args.filter { $0 != "-q" }, state: state.path)
+        let rerun = try await CLI.offPool { try CLI.capture(args.filter { $0 != "-q" }, state: state.path) }
         #expect(rerun.status == 0)
         #expect(!rerun.err.contains("starting over"), "the rerun started over: \(rerun.err)")
         let same = dir.read("m.bin") == body
@@ -143,12 +143,12 @@ import TestServer
         let out = dir.file("e.bin")
         let args = ["get", server.url("/e.bin"), "-o", out.string, "-q", "-x", "1"]
         // The first checkpoint's fsync succeeds, the second fails, later ones would succeed.
-        #expect(try CLI.run(args, state: state.path, environment: ["PICKUP_TEST_FAULTS": "sync=EIO@1"]) == 6)
+        #expect(try await CLI.offPool { try CLI.run(args, state: state.path, environment: ["PICKUP_TEST_FAULTS": "sync=EIO@1"]) } == 6)
         let record = ControlFile.load(FilePath(out.string + SafeFileName.controlSuffix))
         let claimed = record?.durableBytes ?? 0
         #expect(claimed < Int64(body.count), "a run whose fsync failed claimed every byte")
         server.update("/e.bin") { $0.bytesPerSecond = nil }
-        #expect(try CLI.run(args, state: state.path) == 0)
+        #expect(try await CLI.offPool { try CLI.run(args, state: state.path) } == 0)
         let same = dir.read("e.bin") == body
         #expect(same)
         await server.stop()
@@ -161,15 +161,15 @@ import TestServer
         server.set("/c.bin", Resource(body: v1, etag: "\"1\""))
         let dir = TempDir(), state = TempDir()
         let args = ["get", server.url("/c.bin"), "-o", dir.file("out.bin").string, "-q"]
-        #expect(try CLI.run(args, state: state.path) == 0)
+        #expect(try await CLI.offPool { try CLI.run(args, state: state.path) } == 0)
         server.set("/c.bin", Resource(body: v2, etag: "\"2\""))
-        for _ in 0..<3 { #expect(try CLI.run(args, state: state.path) == 0) }
+        for _ in 0..<3 { #expect(try await CLI.offPool { try CLI.run(args, state: state.path) } == 0) }
         #expect(dir.entries == ["out (1).bin", "out.bin"])
         let (first, second) = (dir.read("out.bin") == v1, dir.read("out (1).bin") == v2)
         #expect(first && second)
         // Without the index (another state directory), the numbered file's own record says so.
         let other = TempDir()
-        #expect(try CLI.run(args, state: other.path) == 0)
+        #expect(try await CLI.offPool { try CLI.run(args, state: other.path) } == 0)
         #expect(dir.entries == ["out (1).bin", "out.bin"])
         await server.stop()
     }
@@ -193,13 +193,13 @@ struct MappedFileTests {
         let state = TempDir()
         let p = try CLI.start(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        #expect(CLI.waitFor(seconds: 120) { !p.isRunning })
+        #expect(await CLI.eventually(seconds: 120) { !p.isRunning })
         p.waitUntilExit()
         #expect(p.terminationReason == .exit, "ended by signal \(p.terminationStatus)")
         #expect(p.terminationStatus == 6)
         // With room again, the same command finishes.
         #expect(unlink(filler) == 0)
-        #expect(try CLI.run(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path) == 0)
+        #expect(try await CLI.offPool { try CLI.run(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path) } == 0)
         let same = FileManager.default.contents(atPath: disk.path.appending("full.bin").string).map(Array.init) == body
         #expect(same)
         await server.stop()
@@ -214,10 +214,10 @@ struct MappedFileTests {
         let cursor = out.string + SafeFileName.cursorSuffix
         let p = try CLI.start(["get", server.url("/cut.bin"), "-o", out.string, "-q", "-x", "2"], state: state.path)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        #expect(CLI.waitFor { FS.size(FilePath(cursor)) == Int64(CursorFile.byteCount) && server.bytesSent("/cut.bin") > 500_000 })
+        #expect(await CLI.eventually { FS.size(FilePath(cursor)) == Int64(CursorFile.byteCount) && server.bytesSent("/cut.bin") > 500_000 })
         #expect(truncate(cursor, 0) == 0)
         server.update("/cut.bin") { $0.bytesPerSecond = 4 * 1024 * 1024 }
-        #expect(CLI.waitFor(seconds: 120) { !p.isRunning })
+        #expect(await CLI.eventually(seconds: 120) { !p.isRunning })
         p.waitUntilExit()
         #expect(p.terminationReason == .exit, "ended by signal \(p.terminationStatus)")
         #expect(p.terminationStatus == 0)
