@@ -101,6 +101,9 @@ def main():
     ap.add_argument("--cases", default="throttled,single,multi,skewed,batch,queue,daemon,events")
     ap.add_argument("--pickup", default=os.path.join(ROOT, ".build/release/pickup"))
     ap.add_argument("--daemon-downloads", type=int, default=10_000, help="downloads in the daemon and events cases")
+    ap.add_argument("--event-clients", default="50,50", help="events case: clients reading, clients never reading")
+    ap.add_argument("--resume-all", action="store_true",
+                    help="events case: pause and resume every download once the clients follow (a change per download, twice)")
     ap.add_argument("--baseline", help="another pickup binary to run beside it (before and after a change)")
     ap.add_argument("--fs", default="disk,tmpfs", help="where outputs go: disk (under .build/), tmpfs (/dev/shm), or both")
     ap.add_argument("--disk-dir", default=os.path.join(ROOT, ".build", "bench-out"), help="the folder on the disk")
@@ -168,7 +171,8 @@ def main():
                 daemon_case(args, work, first, base_url, args.daemon_downloads)
                 continue
             if key == "events":
-                events_case(args, work, first, base_url, args.daemon_downloads)
+                readers, stalled = (int(x) for x in args.event_clients.split(","))
+                events_case(args, work, first, base_url, args.daemon_downloads, readers, stalled)
                 continue
             if key == "limits":
                 limits_case(args, first, base_url)
@@ -448,6 +452,9 @@ def events_case(args, work, outdir, base_url, count=10_000, readers=50, stalled=
         for _ in range(readers):
             d.follow(events)
         sockets = [d.stalled_client() for _ in range(stalled)]
+        if args.resume_all:
+            d.call("POST", "/pause-all")
+            d.call("POST", "/resume-all")
         one = []
         # Measured while the snapshots go out, and on until every reader has had its own.
         deadline = time.monotonic() + 120
@@ -459,8 +466,9 @@ def events_case(args, work, outdir, base_url, count=10_000, readers=50, stalled=
         for s in sockets:
             s.close()
         d.kill()
-    print(f"\n### daemon events: {count:,} downloads, {readers} event clients reading and {stalled} never reading "
-          f"({events.get('snapshots', 0)} snapshots and {events['n']} events read while measuring)")
+    print(f"\n### daemon events: {count:,} downloads, {readers} event clients reading and {stalled} never reading"
+          + (", pause-all then resume-all" if args.resume_all else "")
+          + f" ({events.get('snapshots', 0)} snapshots and {events['n']} events read while measuring)")
     latency_table([("GET /downloads/{id}", one)])
     print(f"daemon peak RSS {rss:.0f} MiB ({base_rss:.0f} MiB before the clients); SIGTERM to exit {stopped:.2f} s (exit {code})")
 
