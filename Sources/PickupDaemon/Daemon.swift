@@ -154,7 +154,10 @@ public final class Daemon: Sendable {
         Routes(daemon: self).register(on: router)
         let host = configuration.host
         let open = connections
-        let limit = configuration.maxConnections
+        // Never so many connections that accepting one fails for want of a descriptor (EMFILE):
+        // the server would retry the accept in a loop, and the downloads, hooks and files need
+        // descriptors too. Half of what the process may open, after raising its soft limit.
+        let limit = min(configuration.maxConnections, Self.connectionBudget())
         let app = Application(
             router: router,
             server: .http1(configuration: .init(additionalChannelHandlers: [ConnectionLimit(open: open, limit: limit)],
@@ -259,6 +262,25 @@ public final class Daemon: Sendable {
         }
         files.saveSettings(await settings(secrets: true))
         return await settings()
+    }
+
+    /// Connections the process can afford: half of its descriptor limit (the soft limit raised to
+    /// the hard one, at most 65,536), at least 16.
+    static func connectionBudget() -> Int {
+        var limits = rlimit()
+        #if canImport(Glibc)
+        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        #else
+        let resource = RLIMIT_NOFILE
+        #endif
+        guard getrlimit(resource, &limits) == 0 else { return 256 }
+        let wanted = min(limits.rlim_max, 65_536)
+        if limits.rlim_cur < wanted {
+            var raised = limits
+            raised.rlim_cur = wanted
+            if setrlimit(resource, &raised) == 0 { limits = raised }
+        }
+        return max(16, Int(min(limits.rlim_cur, 1 << 20)) / 2)
     }
 
     /// Host names a request may carry in `Host` (and `Origin`): the daemon's own address only.

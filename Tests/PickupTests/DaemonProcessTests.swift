@@ -194,3 +194,32 @@ extension CLI {
         return (p.terminationStatus, String(decoding: data, as: UTF8.self))
     }
 }
+
+/// A daemon with few descriptors, flooded with connections: it keeps what it can afford and closes
+/// the rest at once, instead of failing every accept with EMFILE in a loop.
+@Suite(.serialized, .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/prlimit"), "prlimit is not installed"))
+struct DescriptorLimitTests {
+    @Test func aFloodOfConnectionsPastTheDescriptorLimitIsClosedNotSpunOn() async throws {
+        let root = TempDir(), state = TempDir()
+        let files = DaemonFiles(directory: state.path)
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/prlimit")
+        p.currentDirectoryURL = CLI.workingDirectory
+        p.arguments = ["--nofile=128:128", CLI.binary, "serve", "--listen", "127.0.0.1:0", "-d", root.path.string,
+                       "--state", state.path.string]
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        #expect(await CLI.eventually { files.readAddress() != nil || !p.isRunning })
+        let port = try #require(files.readAddress().flatMap { URL(string: $0)?.port })
+        // More connections than the process has descriptors.
+        let flood = (0..<200).compactMap { _ in try? RawConnection(port: port) }
+        #expect(flood.count == 200)
+        // Those past its budget (half of 128) are closed, not left waiting in the backlog while
+        // every accept fails.
+        let closed = await CLI.eventually(seconds: 60) { flood.filter { $0.closedByPeer }.count >= 200 - 64 }
+        #expect(closed, "\(flood.filter { $0.closedByPeer }.count) of 200 closed")
+        withExtendedLifetime(flood) {}
+    }
+}
