@@ -485,13 +485,17 @@ final class RawConnection {
 
     /// Past the connection limit a new connection is closed at once; the daemon goes on.
     @Test func connectionsPastTheLimitAreClosed() async throws {
-        let f = try await DaemonFixture { $0.maxConnections = 4 }
+        let f = try await DaemonFixture {
+            $0.maxConnections = 4
+            $0.idleTimeout = 600  // only the limit closes anything here
+        }
         defer { Task { await f.close() } }
-        let held = try (0..<4).map { _ in try RawConnection(port: Self.port(f)) }
-        let extra = try RawConnection(port: Self.port(f))
-        #expect(await CLI.eventually(seconds: 30) { extra.closedByPeer }, "a connection past the limit was served")
-        #expect(held.allSatisfy { !$0.closedByPeer })
-        _ = held.count
-        withExtendedLifetime(held) {}
+        // Five connections to a daemon that keeps four: one of them (whichever its event loops set
+        // up last, not necessarily the last opened) is closed, the others stay.
+        let all = try (0..<5).map { _ in try RawConnection(port: Self.port(f)) }
+        let closedCount = { all.filter { $0.closedByPeer }.count }
+        #expect(await CLI.eventually(seconds: 30) { closedCount() >= 1 }, "a connection past the limit was served")
+        #expect(closedCount() == 1, "\(closedCount()) of 5 closed with a limit of 4")
+        withExtendedLifetime(all) {}
     }
 }
