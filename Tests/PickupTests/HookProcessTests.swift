@@ -91,12 +91,15 @@ import TestServer
 @Suite(.serialized) struct ArgumentSecretTests {
     @Test func secretsAreOverwrittenInTheProcessArguments() async throws {
         let server = try await TestServer.start()
-        server.set("/p.bin", Resource(body: Resource.bytes(count: 8 * 1024 * 1024), bytesPerSecond: 256 * 1024))
+        // The server sends 1,000 bytes and then nothing: the process waits (its stall timeout is
+        // ten minutes) until the test has read its arguments and kills it, however loaded the machine.
+        server.set("/p.bin", Resource(body: Resource.bytes(count: 1 << 20), faults: [.stallAfter(1000)]))
         let dir = TempDir(), state = TempDir()
         let url = server.url("/p.bin").replacingOccurrences(of: "http://", with: "http://urluser:UrlSecret2@")
         let p = try CLI.start(["get", url, "-o", dir.file("p.bin").string, "-u", "alice:TopSecret1",
                                "-H", "X-Token: HeaderSecret3", "--cookie=session=CookieSecret4",
-                               "--proxy", "http://pu:ProxySecret5@127.0.0.1:1", "--noproxy", "127.0.0.1", "-q"], state: state.path)
+                               "--proxy", "http://pu:ProxySecret5@127.0.0.1:1", "--noproxy", "127.0.0.1", "-q",
+                               "-x", "1", "--stall-timeout", "600"], state: state.path)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
         // Once the request is made, the arguments were parsed long before.
         #expect(await CLI.eventually { !server.requests("/p.bin").isEmpty || !p.isRunning })
