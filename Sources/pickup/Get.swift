@@ -229,6 +229,11 @@ struct EngineFlags: ParsableArguments {
         options.connections = connections
         options.preallocate = preallocate
         options.maxFileSize = maxSize.flatMap(Get.size)
+        // A test hook: seconds between checkpoints (a test that must kill a run before its first
+        // checkpoint sets it long, rather than racing a second on a loaded machine).
+        if let seconds = ProcessInfo.processInfo.environment["PICKUP_TEST_CHECKPOINT_INTERVAL"].flatMap(Double.init), seconds > 0 {
+            options.checkpointInterval = seconds
+        }
         var transport = HTTPClientTransport.Options()
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout

@@ -84,12 +84,22 @@ import TestServer
         let server = try await TestServer.start()
         let size = 8 * 1024 * 1024
         let old = Resource.bytes(count: size, seed: 1), new = Resource.bytes(count: size, seed: 2)
-        server.set("/n.bin", Resource(body: old, etag: nil, bytesPerSecond: 2 * 1024 * 1024))
+        // 600,000 bytes, then nothing: the run waits (its stall timeout is ten minutes, and its
+        // checkpoints too) until the test kills it, however loaded the machine.
+        server.set("/n.bin", Resource(body: old, etag: nil, faults: [.stallAfter(600_000)]))
         let dir = TempDir(), state = TempDir()
         let out = dir.file("n.bin")
-        let args = ["get", server.url("/n.bin"), "-o", out.string, "-q", "-x", "1"]
-        // Killed after some bytes and before the first checkpoint (1 s).
-        #expect(try await CLI.startAndKill(args, state: state.path) { server.bytesSent("/n.bin") >= 600_000 })
+        let args = ["get", server.url("/n.bin"), "-o", out.string, "-q", "-x", "1", "--stall-timeout", "600"]
+        let p = try CLI.start(args, state: state.path, environment: ["PICKUP_TEST_CHECKPOINT_INTERVAL": "600"])
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        // Killed once the 600,000 bytes are written (the cursor's store follows each write), before
+        // any checkpoint.
+        let partial = FilePath(out.string + SafeFileName.partialSuffix)
+        #expect(await CLI.eventually { (FS.size(partial) ?? 0) >= 600_000 || !p.isRunning })
+        #expect(p.isRunning)
+        kill(p.processIdentifier, SIGKILL)
+        _ = await CLI.eventually { !p.isRunning }
+        #expect(ControlFile.load(FilePath(out.string + SafeFileName.controlSuffix))?.durableBytes ?? 0 == 0, "a checkpoint came first")
         #expect(heldAfterKill(out).written > 0, "the cursors vouch for bytes (else this tests nothing)")
         server.set("/n.bin", Resource(body: new, etag: nil))
         let first = server.requests("/n.bin").count
@@ -208,15 +218,19 @@ struct MappedFileTests {
     @Test func aCursorFileCutShortWhileMappedEndsNoProcess() async throws {
         let server = try await TestServer.start()
         let body = Resource.bytes(count: 6 * 1024 * 1024, seed: 7)
-        server.set("/cut.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
+        // The first answer stops after 600,000 bytes: the run waits there (whatever the machine's
+        // load) while the test cuts the cursor file, then its stall timeout (2 s) retries and the
+        // rest is written through the mapping of a file that is now empty.
+        server.set("/cut.bin", Resource(body: body, faults: [.stallAfter(600_000)]))
         let dir = TempDir(), state = TempDir()
         let out = dir.file("cut.bin")
         let cursor = out.string + SafeFileName.cursorSuffix
-        let p = try CLI.start(["get", server.url("/cut.bin"), "-o", out.string, "-q", "-x", "2"], state: state.path)
+        let p = try CLI.start(["get", server.url("/cut.bin"), "-o", out.string, "-q", "-x", "1", "--stall-timeout", "2"],
+                              state: state.path)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        #expect(await CLI.eventually { FS.size(FilePath(cursor)) == Int64(CursorFile.byteCount) && server.bytesSent("/cut.bin") > 500_000 })
+        let partial = FilePath(out.string + SafeFileName.partialSuffix)
+        #expect(await CLI.eventually { FS.size(FilePath(cursor)) == Int64(CursorFile.byteCount) && (FS.size(partial) ?? 0) >= 600_000 })
         #expect(truncate(cursor, 0) == 0)
-        server.update("/cut.bin") { $0.bytesPerSecond = 4 * 1024 * 1024 }
         #expect(await CLI.eventually(seconds: 120) { !p.isRunning })
         p.waitUntilExit()
         #expect(p.terminationReason == .exit, "ended by signal \(p.terminationStatus)")
