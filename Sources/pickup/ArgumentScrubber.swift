@@ -25,7 +25,7 @@ enum ArgumentScrubber {
             }
             let arg = String(cString: p)
             let option: String
-            var value: UnsafeMutablePointer<CChar>
+            let value: UnsafeMutablePointer<CChar>
             var skip = 1
             if let eq = arg.utf8.firstIndex(of: UInt8(ascii: "=")), arg.hasPrefix("--") {
                 option = String(arg[..<eq])
@@ -57,8 +57,8 @@ enum ArgumentScrubber {
             } else if urlValues.contains(option) {
                 hideUserInfo(value)
             } else {
-                value = p
-                hideUserInfo(value)
+                // `--other=value`: its user information, as for a positional argument.
+                hideUserInfo(p)
             }
             i += skip
         }
