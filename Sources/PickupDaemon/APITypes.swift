@@ -19,6 +19,8 @@ public struct APIDownload: Codable, Sendable, Equatable {
     public var fraction: Double?
     public var bytesPerSecond: Double
     public var secondsLeft: Double?
+    /// Seconds it now waits for a slow server's next byte, when more than the stall timeout.
+    public var stallTimeout: Double?
     public var error: APIErrorBody?
     public var speedLimit: Int64?
     public var connections: Int?
@@ -44,6 +46,7 @@ public struct APIDownload: Codable, Sendable, Equatable {
         fraction = info.progress.fraction
         bytesPerSecond = info.progress.bytesPerSecond
         secondsLeft = info.progress.secondsLeft
+        stallTimeout = info.state == .running ? info.progress.stallTimeout : nil
         error = info.failure.map { APIErrorBody(code: $0.category.rawValue, message: $0.reason) }
         speedLimit = info.speedLimit
         connections = info.connections
@@ -61,6 +64,7 @@ public struct APIProgress: Codable, Sendable, Equatable {
     public var fraction: Double?
     public var bytesPerSecond: Double
     public var secondsLeft: Double?
+    public var stallTimeout: Double?
 
     init(_ id: DownloadID, _ p: DownloadProgress) {
         self.id = id.rawValue
@@ -69,6 +73,7 @@ public struct APIProgress: Codable, Sendable, Equatable {
         fraction = p.fraction
         bytesPerSecond = p.bytesPerSecond
         secondsLeft = p.secondsLeft
+        stallTimeout = p.stallTimeout
     }
 }
 
@@ -115,21 +120,25 @@ public struct APISettings: Codable, Sendable, Equatable {
     /// what `pickup serve` was started with (`--proxy`, the environment). Shown with its password
     /// as `***`.
     public var proxy: String?
+    /// Whether `http://` URLs go through the HTTP proxy in a CONNECT tunnel (as `https://` ones
+    /// always do) rather than in absolute form; nil for what `pickup serve` was started with.
+    public var proxyTunnel: Bool?
     /// `fifo` or `lifo`: which of the waiting downloads of equal priority starts first.
     public var order: String
     /// Batch mode: every waiting download starts at once, whatever `maxConcurrentDownloads` says.
     public var startsAllAtOnce: Bool
 
-    public init(maxConcurrentDownloads: Int, speedLimit: Int64?, proxy: String? = nil, order: String = "fifo",
-                startsAllAtOnce: Bool = false) {
+    public init(maxConcurrentDownloads: Int, speedLimit: Int64?, proxy: String? = nil, proxyTunnel: Bool? = nil,
+                order: String = "fifo", startsAllAtOnce: Bool = false) {
         self.maxConcurrentDownloads = maxConcurrentDownloads
         self.speedLimit = speedLimit
         self.proxy = proxy
+        self.proxyTunnel = proxyTunnel
         self.order = order
         self.startsAllAtOnce = startsAllAtOnce
     }
 
-    enum CodingKeys: String, CodingKey { case maxConcurrentDownloads, speedLimit, proxy, order, startsAllAtOnce }
+    enum CodingKeys: String, CodingKey { case maxConcurrentDownloads, speedLimit, proxy, proxyTunnel, order, startsAllAtOnce }
 
     /// Reads the API's answer or a settings file (one saved before `order` and `startsAllAtOnce`
     /// existed reads as FIFO, not in batch mode).
@@ -138,6 +147,7 @@ public struct APISettings: Codable, Sendable, Equatable {
         maxConcurrentDownloads = try c.decode(Int.self, forKey: .maxConcurrentDownloads)
         speedLimit = try c.decodeIfPresent(Int64.self, forKey: .speedLimit)
         proxy = try c.decodeIfPresent(String.self, forKey: .proxy)
+        proxyTunnel = try c.decodeIfPresent(Bool.self, forKey: .proxyTunnel)
         order = try c.decodeIfPresent(String.self, forKey: .order) ?? "fifo"
         startsAllAtOnce = try c.decodeIfPresent(Bool.self, forKey: .startsAllAtOnce) ?? false
     }
@@ -147,6 +157,7 @@ public struct APISettings: Codable, Sendable, Equatable {
         try c.encode(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
         try c.encode(speedLimit, forKey: .speedLimit)
         try c.encode(proxy, forKey: .proxy)
+        try c.encode(proxyTunnel, forKey: .proxyTunnel)
         try c.encode(order, forKey: .order)
         try c.encode(startsAllAtOnce, forKey: .startsAllAtOnce)
     }
@@ -258,17 +269,20 @@ public struct APISettingsPatch: Codable, Sendable {
     public var speedLimit: Int64??
     /// nil: unchanged; .some(nil): back to what `pickup serve` was started with.
     public var proxy: String??
+    /// nil: unchanged; .some(nil): back to what `pickup serve` was started with.
+    public var proxyTunnel: Bool??
     /// `fifo` or `lifo`.
     public var order: String?
     public var startsAllAtOnce: Bool?
 
-    enum CodingKeys: String, CodingKey, CaseIterable { case maxConcurrentDownloads, speedLimit, proxy, order, startsAllAtOnce }
+    enum CodingKeys: String, CodingKey, CaseIterable { case maxConcurrentDownloads, speedLimit, proxy, proxyTunnel, order, startsAllAtOnce }
 
-    public init(maxConcurrentDownloads: Int? = nil, speedLimit: Int64?? = nil, proxy: String?? = nil, order: String? = nil,
-                startsAllAtOnce: Bool? = nil) {
+    public init(maxConcurrentDownloads: Int? = nil, speedLimit: Int64?? = nil, proxy: String?? = nil, proxyTunnel: Bool?? = nil,
+                order: String? = nil, startsAllAtOnce: Bool? = nil) {
         self.maxConcurrentDownloads = maxConcurrentDownloads
         self.speedLimit = speedLimit
         self.proxy = proxy
+        self.proxyTunnel = proxyTunnel
         self.order = order
         self.startsAllAtOnce = startsAllAtOnce
     }
@@ -279,6 +293,7 @@ public struct APISettingsPatch: Codable, Sendable {
         maxConcurrentDownloads = try c.decodeIfPresent(Int.self, forKey: .maxConcurrentDownloads)
         speedLimit = try c.decodeNullable(Int64.self, forKey: .speedLimit)
         proxy = try c.decodeNullable(String.self, forKey: .proxy)
+        proxyTunnel = try c.decodeNullable(Bool.self, forKey: .proxyTunnel)
         order = try c.decodeIfPresent(String.self, forKey: .order)
         startsAllAtOnce = try c.decodeIfPresent(Bool.self, forKey: .startsAllAtOnce)
     }
@@ -288,6 +303,7 @@ public struct APISettingsPatch: Codable, Sendable {
         try c.encodeIfPresent(maxConcurrentDownloads, forKey: .maxConcurrentDownloads)
         if let limit = speedLimit { try c.encode(limit, forKey: .speedLimit) }
         if let proxy { try c.encode(proxy, forKey: .proxy) }
+        if let proxyTunnel { try c.encode(proxyTunnel, forKey: .proxyTunnel) }
         try c.encodeIfPresent(order, forKey: .order)
         try c.encodeIfPresent(startsAllAtOnce, forKey: .startsAllAtOnce)
     }
@@ -334,6 +350,7 @@ extension APIDownload {
         if let fraction { w.raw(#","fraction":"#); w.number(fraction) }
         w.raw(#","bytesPerSecond":"#); w.number(bytesPerSecond)
         if let secondsLeft { w.raw(#","secondsLeft":"#); w.number(secondsLeft) }
+        if let stallTimeout { w.raw(#","stallTimeout":"#); w.number(stallTimeout) }
         if let error {
             w.raw(#","error":{"code":"#); w.string(error.code)
             w.raw(#","message":"#); w.string(error.message)

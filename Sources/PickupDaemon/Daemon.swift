@@ -81,6 +81,8 @@ public final class Daemon: Sendable {
     let connections = ManagedAtomic(0)
     /// The proxy set through the API (nil: what `pickup serve` was started with).
     let proxySetting = NIOLockedValueBox<String?>(nil)
+    /// `proxyTunnel` set through the API (nil: what `pickup serve` was started with).
+    let tunnelSetting = NIOLockedValueBox<Bool?>(nil)
     /// The hooks: the command line's, else the settings file's.
     public let hooks: Hooks
 
@@ -124,7 +126,8 @@ public final class Daemon: Sendable {
         manager.progressInterval = configuration.progressInterval
         manager.engine = configuration.engine
         manager.transport = configuration.transport
-        if let saved = saved?.proxy, let rules = try? Self.proxyRules(saved, over: configuration.transport.proxies) {
+        if let tunnel = saved?.proxyTunnel { manager.transport.proxies.tunnel = tunnel }
+        if let saved = saved?.proxy, let rules = try? Self.proxyRules(saved, over: manager.transport.proxies) {
             // Set through the API: not for downloads that carry secrets.
             manager.untrustedProxies = rules
         }
@@ -134,6 +137,7 @@ public final class Daemon: Sendable {
         self.root = root
         hub = EventHub(maxClients: configuration.maxEventClients, maxBuffered: configuration.maxEventBacklog)
         proxySetting.withLockedValue { $0 = saved?.proxy }
+        tunnelSetting.withLockedValue { $0 = saved?.proxyTunnel }
         let fileHooks = files.loadHooks { FileHandle.standardError.write(Data("pickup serve: \($0)\n".utf8)) }
         hooks = Hooks(onComplete: configuration.hooks.onComplete ?? fileHooks.onComplete,
                       onError: configuration.hooks.onError ?? fileHooks.onError,
@@ -215,17 +219,18 @@ public final class Daemon: Sendable {
     }
 
     /// The rules for the proxy setting `text`: every URL through it, but the hosts `serve` was told
-    /// to reach directly.
+    /// to reach directly (and tunnelled as `started` says).
     static func proxyRules(_ text: String, over started: ProxyRules) throws(PickupError) -> ProxyRules {
         let p = try ProxyURL(parsing: text)
-        return ProxyRules(http: p, https: p, noProxy: started.noProxy)
+        return ProxyRules(http: p, https: p, noProxy: started.noProxy, tunnel: started.tunnel)
     }
 
     /// The settings as they are now (the proxy's password as `***` unless `secrets`, for the file).
     func settings(secrets: Bool = false) async -> APISettings {
         let proxy = proxySetting.withLockedValue { $0 }
         return APISettings(maxConcurrentDownloads: await manager.maxConcurrentDownloads, speedLimit: await manager.speedLimit,
-                           proxy: secrets ? proxy : proxy.map(ProxyURL.redacted), order: await manager.order.rawValue,
+                           proxy: secrets ? proxy : proxy.map(ProxyURL.redacted), proxyTunnel: tunnelSetting.withLockedValue { $0 },
+                           order: await manager.order.rawValue,
                            startsAllAtOnce: await manager.startsAllAtOnce)
     }
 
@@ -243,10 +248,13 @@ public final class Daemon: Sendable {
             order = o
         }
         var rules: ProxyRules? = nil
-        if let proxy = patch.proxy {
+        let proxy = patch.proxy ?? proxySetting.withLockedValue { $0 }
+        let tunnel = patch.proxyTunnel ?? tunnelSetting.withLockedValue { $0 }
+        if patch.proxy != nil || patch.proxyTunnel != nil {
+            var started = configuration.transport.proxies
+            if let tunnel { started.tunnel = tunnel }
             do throws(PickupError) {
-                rules = try proxy.map { text throws(PickupError) in try Self.proxyRules(text, over: configuration.transport.proxies) }
-                    ?? configuration.transport.proxies
+                rules = try proxy.map { text throws(PickupError) in try Self.proxyRules(text, over: started) } ?? started
             } catch {
                 throw .badRequest("proxy: \(error.description)")
             }
@@ -255,8 +263,9 @@ public final class Daemon: Sendable {
         if let limit = patch.speedLimit { await manager.setSpeedLimit(limit) }
         if let order { await manager.setOrder(order) }
         if let on = patch.startsAllAtOnce { await manager.setStartsAllAtOnce(on) }
-        if let rules, let proxy = patch.proxy {
+        if let rules {
             proxySetting.withLockedValue { $0 = proxy }
+            tunnelSetting.withLockedValue { $0 = tunnel }
             // A proxy an API client chose carries no one's secrets (null: back to serve's own).
             await manager.setProxies(rules, trusted: proxy == nil)
         }

@@ -191,7 +191,7 @@ struct EngineFlags: ParsableArguments {
     var caCertificate: String?
 
     @Option(help: ArgumentHelp(
-        "Send requests through this proxy: http://[user:password@]host:port (CONNECT for https), socks5:// or socks5h://. "
+        "Send requests through this proxy: http://[user:password@]host:port (http URLs in absolute form, https through CONNECT), socks5:// or socks5h://. "
             + "Without it, http_proxy, https_proxy, all_proxy and no_proxy apply; \"\" turns proxies off.",
         valueName: "url"))
     var proxy: String?
@@ -199,6 +199,9 @@ struct EngineFlags: ParsableArguments {
     @Option(help: ArgumentHelp("Hosts to reach directly, comma-separated (a name covers its subdomains; * is every host).",
                                valueName: "list"))
     var noproxy: String?
+
+    @Flag(help: "Through an HTTP proxy, tunnel http URLs with CONNECT too (as https always is) instead of sending them in absolute form.")
+    var proxytunnel = false
 
     @Option(help: ArgumentHelp("Refuse a file larger than this (K, M, G are 1024-based); a body without a length is stopped there.",
                                valueName: "size"))
@@ -209,7 +212,7 @@ struct EngineFlags: ParsableArguments {
         if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
         if retries < 0 { throw ValidationError("--retries must not be negative") }
         do throws(PickupError) {
-            _ = try ProxyRules.resolve(proxy: proxy, noProxy: noproxy, environment: ProcessInfo.processInfo.environment)
+            _ = try ProxyRules.resolve(proxy: proxy, noProxy: noproxy, tunnel: proxytunnel, environment: ProcessInfo.processInfo.environment)
         } catch {
             throw ValidationError(error.description)
         }
@@ -241,7 +244,7 @@ struct EngineFlags: ParsableArguments {
         transport.extraTrustRoots = (caCertificate.map { [$0] } ?? [])
             + [env["SSL_CERT_FILE"]].compactMap { $0 }.filter(HTTPClientTransport.looksLikePEM)
             + (env["SSL_CERT_DIR"].map { HTTPClientTransport.certificateFiles(in: $0) } ?? [])
-        transport.proxies = (try? ProxyRules.resolve(proxy: proxy, noProxy: noproxy,
+        transport.proxies = (try? ProxyRules.resolve(proxy: proxy, noProxy: noproxy, tunnel: proxytunnel,
                                                      environment: ProcessInfo.processInfo.environment)) ?? ProxyRules()
         return (options, transport)
     }

@@ -44,6 +44,7 @@ final class ProgressDisplay: @unchecked Sendable {
         if let f = p.fraction { parts.append(String(format: "%5.1f%%", f * 100)) }
         parts.append(ByteCount.format(Int64(p.bytesPerSecond)) + "/s")
         if let left = p.secondsLeft { parts.append(duration(left) + " left") }
+        if let wait = p.stallTimeout { parts.append("(slow server: waiting up to \(duration(wait)) for data)") }
         return parts.joined(separator: "  ")
     }
 

@@ -94,15 +94,7 @@ struct TrustTests {
     @Test func caCertificateAndSSLCertFile() async throws {
         let site = TempDir(), dir = TempDir(), state = TempDir(), keys = TempDir()
         site.write("t.bin", Resource.bytes(count: 5000, seed: 3))
-        let cert = keys.file("cert.pem").string, key = keys.file("key.pem").string
-        let openssl = Process()
-        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        openssl.arguments = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "2",
-                             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
-        openssl.standardOutput = FileHandle.nullDevice
-        openssl.standardError = FileHandle.nullDevice
-        try openssl.run()
-        openssl.waitUntilExit()
+        let (cert, key) = try makeLoopbackCertificate(in: keys)
         let nginx = try Nginx(root: site.path.string, tls: (cert, key))
         defer { nginx.stop() }
         let url = nginx.baseURL + "/t.bin"

@@ -12,7 +12,10 @@ import TestServer
 /// first milliseconds, after some bytes, or once every byte is sent: the finishing rename);
 /// sometimes changes the file between runs; sometimes makes a run's file operations fail
 /// (`PICKUP_TEST_FAULTS`: ENOSPC, EIO, EDQUOT on writes, fsyncs, control files, the cursor file,
-/// the rename); then runs to the end, and once more. The invariants:
+/// the rename); sometimes puts the file behind a load balancer whose servers each have their own
+/// strong ETag, sometimes makes every response slow to send its first byte (with a short stall
+/// timeout, so that runs must grow more patient), sometimes goes through Squid (when installed)
+/// in absolute form; then runs to the end, and once more. The invariants:
 /// - no process ends by a signal other than the test's SIGKILL;
 /// - a run that ends by itself exits 0, or 6 when a fault was injected into it;
 /// - exit 0 means the file holds exactly the server's current bytes;
@@ -48,6 +51,8 @@ struct TortureTests {
         let trials = env["PICKUP_TORTURE_TRIALS"].flatMap { Int($0) } ?? 200
         print("torture: seed \(seed), \(trials) trials (replay with PICKUP_TORTURE_SEED=\(seed))")
         let server = try await TestServer.start()
+        let squid = SquidProcess.binary == nil ? nil : try? SquidProcess()
+        defer { squid?.stop() }
         let stats = TortureStats()
         var seeds = Self.fixedSeeds + (0..<trials).map { seed &+ UInt64($0) &* 0x9E37_79B9 }
         // One trial alone, by the seed its failure printed.
@@ -59,7 +64,7 @@ struct TortureTests {
                 guard next < seeds.count else { return }
                 let (index, trialSeed) = (next, seeds[next])
                 next += 1
-                group.addTask { try await Self.trial(index, seed: trialSeed, server: server, stats: stats) }
+                group.addTask { try await Self.trial(index, seed: trialSeed, server: server, proxy: squid?.url, stats: stats) }
             }
             add()
             add()
@@ -70,7 +75,7 @@ struct TortureTests {
     }
 
     /// One trial; every failed expectation names its seed.
-    static func trial(_ index: Int, seed: UInt64, server: TestServer, stats: TortureStats) async throws {
+    static func trial(_ index: Int, seed: UInt64, server: TestServer, proxy: String?, stats: TortureStats) async throws {
         var random = SplitMix(state: seed)
         func pick(_ n: Int) -> Int { Int(random.next() % UInt64(n)) }
         let kind = ValidatorKind.allCases[pick(4)]
@@ -91,7 +96,15 @@ struct TortureTests {
             let after = op == "write" ? pick(size) : pick(3)
             return "\(op)=\(error)@\(after)"
         }()
-        let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-")"
+        // Picked after the rest, so that the fixed seeds replay the trials they were found with.
+        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid }
+        let behaviour: Behaviour = switch pick(8) {
+        case 0 where kind == .strongETag: .loadBalanced
+        case 1: .slowFirstByte
+        case 2 where proxy != nil: .throughSquid
+        default: .plain
+        }
+        let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
         let path = "/t\(index)"
         let started = Date()
         defer { stats.took(Date().timeIntervalSince(started), label) }
@@ -105,6 +118,11 @@ struct TortureTests {
             case .weakETagOnly: r.etag = "W/\"v\(version)\""
             case .none: break
             }
+            switch behaviour {
+            case .loadBalanced: r.backendETags = ["\"v\(version)-a\"", "\"v\(version)-b\"", "\"v\(version)-c\""]
+            case .slowFirstByte: r.firstByteDelay = 0.4
+            case .plain, .throughSquid: break
+            }
             return r
         }
         var version = 1
@@ -112,7 +130,9 @@ struct TortureTests {
         server.set(path, resource(version: 1))
         let dir = TempDir(), state = TempDir()
         let out = dir.file("f.bin")
-        let args = ["get", server.url(path), "-o", out.string, "--quiet", "-x", "\(connections)", "--retries", "20"]
+        var args = ["get", server.url(path), "-o", out.string, "--quiet", "-x", "\(connections)", "--retries", "20"]
+        if behaviour == .slowFirstByte { args += ["--stall-timeout", "0.25"] }
+        if behaviour == .throughSquid, let proxy { args += ["--proxy", proxy] }
         var finished: [String: [UInt8]] = [:]  // final files seen, as they were when first seen
 
         func checkFinishedFiles(_ when: String) {
@@ -180,8 +200,11 @@ struct TortureTests {
                 // run that starts with older bytes discards them at its first answer (that is not
                 // what a kill costs).
                 let ofCurrentVersion = changeBefore.map { run < $0 } ?? true || heldBefore == 0
+                // Not measured either where bytes are sent that no client reads (Squid reads ahead;
+                // a response given up on before its slow first byte) or where each backend has its
+                // own validator (a resume may not be confirmed: then it starts over).
                 if kind == .strongETag || kind == .lastModifiedOnly, run != faultRun, ofCurrentVersion, finishedBefore.isEmpty,
-                    !finishedNow
+                    !finishedNow, behaviour == .plain
                 {
                     let waste = Int64(sentInRun()) - max(0, held.written - heldBefore)
                     let bound = size <= Int(Checkpoints.smallFile) ? Int64(size) : Int64(connections * (65536 + 4 * chunk))

@@ -19,7 +19,8 @@ public final class ProxyProcess: @unchecked Sendable {
     /// `http://127.0.0.1:PORT` or `socks5://127.0.0.1:PORT`.
     public var url: String { (kind == .tinyproxy ? "http" : "socks5") + "://127.0.0.1:\(port)" }
 
-    public init(_ kind: Kind) throws {
+    /// `extraConfig`: lines added to tinyproxy's configuration (`BasicAuth user password`, say).
+    public init(_ kind: Kind, extraConfig: String = "") throws {
         guard let binary = Self.binary(kind) else { throw NSError(domain: "proxy not installed", code: 1) }
         self.kind = kind
         work = NSTemporaryDirectory() + "pickup-proxy-" + UUID().uuidString
@@ -42,6 +43,7 @@ public final class ProxyProcess: @unchecked Sendable {
                 MaxClients 200
                 Allow 127.0.0.1
                 PidFile "\(work)/proxy.pid"
+                \(extraConfig)
                 """
             try conf.write(toFile: work + "/proxy.conf", atomically: true, encoding: .utf8)
             process.arguments = ["-d", "-c", work + "/proxy.conf"]
@@ -62,11 +64,18 @@ public final class ProxyProcess: @unchecked Sendable {
             + ((try? String(contentsOfFile: work + "/out.log", encoding: .utf8)) ?? "")
     }
 
-    /// How many connections it made to `port` (its log lines for them).
+    /// How many requests it forwarded to `port`: tunnels (CONNECT), requests in absolute form
+    /// (tinyproxy's log lines for them), SOCKS connections (microsocks').
     public func connections(to port: Int) -> Int {
         log.components(separatedBy: "\n").filter {
             $0.contains("CONNECT 127.0.0.1:\(port) ") || $0.contains("connected to 127.0.0.1:\(port)")
+                || $0.contains("GET http://127.0.0.1:\(port)/")
         }.count
+    }
+
+    /// Requests it received in absolute form for `port` (`GET http://127.0.0.1:PORT/...`).
+    public func absoluteFormRequests(to port: Int) -> Int {
+        log.components(separatedBy: "\n").filter { $0.contains("Request (file descriptor") && $0.contains("GET http://127.0.0.1:\(port)/") }.count
     }
 
     public func stop() {
@@ -74,6 +83,91 @@ public final class ProxyProcess: @unchecked Sendable {
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }
+        try? FileManager.default.removeItem(atPath: work)
+    }
+}
+
+/// Squid from Debian's package on loopback, with Debian's default access rules (its
+/// /etc/squid/squid.conf, comments dropped): plain http in absolute form to ports 80 and 1025-65535,
+/// CONNECT to port 443 only. What a test changes: the port it listens on, where its logs and pid
+/// file go, no disk cache, and `extraSSLPorts` (the port of a TLS server the test starts, which
+/// cannot be 443 without root) added to the `SSL_ports` rule.
+public final class SquidProcess: @unchecked Sendable {
+    public static var binary: String? {
+        ["/usr/sbin/squid", "/usr/bin/squid"].first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+
+    public let port: Int
+    let work: String
+    let process: Process
+
+    /// `http://127.0.0.1:PORT`.
+    public var url: String { "http://127.0.0.1:\(port)" }
+
+    public init(extraSSLPorts: [Int] = [], extraConfig: String = "") throws {
+        guard let binary = Self.binary else { throw NSError(domain: "squid not installed", code: 1) }
+        work = NSTemporaryDirectory() + "pickup-squid-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+        // Squid started as root runs as the `proxy` user: it must be able to write its logs here.
+        chmod(work, 0o777)
+        port = try Nginx.freePort()
+        let debian = (try? String(contentsOfFile: "/etc/squid/squid.conf", encoding: .utf8)) ?? ""
+        var lines: [String] = []
+        for raw in debian.components(separatedBy: "\n") {
+            let line = raw.trimmingCharacters(in: .whitespaces)
+            if line.isEmpty || line.hasPrefix("#") || line.hasPrefix("http_port") || line.hasPrefix("coredump_dir")
+                || line.hasPrefix("include") { continue }
+            lines.append(line)
+            if line.hasPrefix("acl SSL_ports") && extraSSLPorts.count > 0 {
+                lines.append("acl SSL_ports port " + extraSSLPorts.map(String.init).joined(separator: " "))
+                lines.append("acl Safe_ports port " + extraSSLPorts.map(String.init).joined(separator: " "))
+            }
+        }
+        if lines.isEmpty { throw NSError(domain: "no /etc/squid/squid.conf", code: 3) }
+        lines += [
+            "http_port 127.0.0.1:\(port)",
+            "pid_filename \(work)/squid.pid",
+            "access_log stdio:\(work)/access.log",
+            "cache_log \(work)/cache.log",
+            "cache_store_log none",
+            "cache deny all",
+            "coredump_dir \(work)",
+            "logfile_rotate 0",
+            "shutdown_lifetime 0 seconds",
+            "visible_hostname pickup-test",
+            extraConfig,
+        ]
+        try lines.joined(separator: "\n").write(toFile: work + "/squid.conf", atomically: true, encoding: .utf8)
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = ["-N", "-f", work + "/squid.conf"]
+        _ = FileManager.default.createFile(atPath: work + "/out.log", contents: nil)
+        let out = FileHandle(forWritingAtPath: work + "/out.log")
+        process.standardOutput = out
+        process.standardError = out
+        try process.run()
+        let deadline = Date().addingTimeInterval(30)
+        while !Nginx.canConnect(port) {
+            guard Date() < deadline, process.isRunning else { throw NSError(domain: "squid did not start: \(log)", code: 2) }
+            usleep(50_000)
+        }
+    }
+
+    /// Its access log so far (one line per request: `TCP_MISS/206 ... GET http://...`).
+    public var accessLog: String { (try? String(contentsOfFile: work + "/access.log", encoding: .utf8)) ?? "" }
+
+    /// Everything it logged.
+    public var log: String {
+        accessLog + ((try? String(contentsOfFile: work + "/cache.log", encoding: .utf8)) ?? "")
+            + ((try? String(contentsOfFile: work + "/out.log", encoding: .utf8)) ?? "")
+    }
+
+    public func stop() {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        // Its helpers (if any) are in its process group's care; the directory goes.
         try? FileManager.default.removeItem(atPath: work)
     }
 }

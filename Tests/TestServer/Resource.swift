@@ -47,6 +47,12 @@ public struct Resource: Sendable {
     public var firstRangeStallAfter: Int?
     /// Answer `If-None-Match` with the whole resource anyway (a server without conditional GET).
     public var ignoresConditionals = false
+    /// A load balancer in front of servers that each have their own validators for the same bytes:
+    /// each new connection goes to the next one in turn, which sends the ETag (and Last-Modified)
+    /// of this list's entry and answers `If-Range` by it.
+    public var backendETags: [String]?
+    /// Seconds between the response head and the first body byte (a body made on the fly).
+    public var firstByteDelay: Double?
 
     /// A resource; by default with a strong ETag, range support and a Content-Length.
     public init(

@@ -18,6 +18,8 @@ public final class TestServer: Sendable {
         /// Responses with a body being sent now, over all paths, and the most there ever were.
         var activeTotal = 0
         var peakTotal = 0
+        /// Connections given a backend so far (``Resource/backendETags``).
+        var connections = 0
     }
 
     /// The port it listens on.
@@ -102,6 +104,7 @@ struct Plan {
     var rate: Int?
     var logIndex: Int
     var path: String = ""
+    var delay: Double? = nil
 }
 
 final class Handler: ChannelInboundHandler, RemovableChannelHandler {
@@ -111,6 +114,8 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
     let state: NIOLockedValueBox<TestServer.State>
     var head: HTTPRequestHead?
     var busy = false
+    /// This connection's place among all connections (the backend a load balancer sends it to).
+    var connection: Int?
 
     init(state: NIOLockedValueBox<TestServer.State>) { self.state = state }
 
@@ -121,12 +126,18 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         case .end:
             guard let h = head else { return }
             head = nil
-            let plan = state.withLockedValue { Self.plan(h, state: &$0) }
+            let plan = state.withLockedValue { s -> Plan in
+                if connection == nil {
+                    connection = s.connections
+                    s.connections += 1
+                }
+                return Self.plan(h, state: &s, connection: connection ?? 0)
+            }
             respond(context: context, plan: plan, keepAlive: h.isKeepAlive)
         }
     }
 
-    static func plan(_ req: HTTPRequestHead, state: inout TestServer.State) -> Plan {
+    static func plan(_ req: HTTPRequestHead, state: inout TestServer.State, connection: Int = 0) -> Plan {
         var recorded = [String: String]()
         for (n, v) in req.headers { recorded[n.lowercased()] = v }
         state.log.append(RecordedRequest(uri: req.uri, headers: recorded, status: 0, bytesSent: 0))
@@ -141,8 +152,17 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
                         body: [], fault: nil, rate: nil, logIndex: index)
         }
         var fault = r.faults.isEmpty ? nil : r.faults.removeFirst()
+        if let tags = r.backendETags, !tags.isEmpty {
+            // This connection's backend: its own validators for the same bytes.
+            let tag = tags[connection % tags.count]
+            r.etag = tag
+            r.lastModified = "Sun, 0\(1 + connection % tags.count) Nov 2026 10:00:00 GMT"
+        }
         if fault == nil, let n = r.firstRangeStallAfter, recorded["range"]?.hasPrefix("bytes=0-") == true { fault = .stallAfter(n) }
-        state.resources[path] = r
+        if var stored = state.resources[path] {
+            stored.faults = r.faults
+            state.resources[path] = stored
+        }
         if let change = state.changes[path], state.log.filter({ $0.uri == req.uri }).count >= change.after {
             state.resources[path] = change.to
             state.changes[path] = nil
@@ -196,7 +216,8 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         state.active[path, default: 0] += 1
         state.activeTotal += 1
         state.peakTotal = max(state.peakTotal, state.activeTotal)
-        return Plan(status: status, headers: headers, body: slice, fault: fault, rate: rate, logIndex: index, path: path)
+        return Plan(status: status, headers: headers, body: slice, fault: fault, rate: rate, logIndex: index, path: path,
+                    delay: r.firstByteDelay)
     }
 
     static func parseRange(_ v: String) -> (Int, Int?)? {
@@ -224,6 +245,13 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         switch plan.fault {
         case .dropAfter(let n)?, .stallAfter(let n)?: limit = min(n, plan.body.count)
         default: break
+        }
+        if let delay = plan.delay, limit > 0 {
+            context.flush()
+            context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(Int64(delay * 1e9))) {
+                self.sendBody(context: context, plan: plan, from: plan.body.startIndex, limit: plan.body.startIndex + limit, closeAfter: closeAfter)
+            }
+            return
         }
         sendBody(context: context, plan: plan, from: plan.body.startIndex, limit: plan.body.startIndex + limit, closeAfter: closeAfter)
     }

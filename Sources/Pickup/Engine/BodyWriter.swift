@@ -15,6 +15,10 @@ final class SegmentCursor: @unchecked Sendable {
     let position: UnsafeAtomic<Int64>
     /// One past the last byte to write; lowered when another connection takes over the tail.
     let end: ManagedAtomic<Int64>
+    /// True while a chunk is being written (from reading `end` to publishing `position`): a
+    /// response that replaces every held byte waits until no other range's writer is inside one
+    /// (see ``FileDownload/stopOthers(but:connection:)``), so no byte of another version lands after it.
+    let writing = ManagedAtomic(false)
     /// Keeps the mapping that holds `position` alive (nil: `position` is this cursor's own).
     private let mapping: CursorFile?
 
@@ -82,6 +86,10 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     private var offset: Int64 = 0
     private var responseEnd: Int64 = .max
     private var discarded = 0
+    /// Whether a body byte of this response arrived (a stall before one makes the next attempt more patient).
+    private(set) var gotBody = false
+    /// The connection this attempt runs on.
+    let connection: Int
     /// When the request was made (this object is made just before it is sent).
     private let sent = Clock.monotonic()
 
@@ -91,8 +99,9 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     /// The URL requested (for the cookies its response sets).
     let url: String
 
-    init(download: FileDownload, context: RequestContext, file: PartialFile, cursor: SegmentCursor, url: String) {
+    init(download: FileDownload, context: RequestContext, file: PartialFile, cursor: SegmentCursor, url: String, connection: Int) {
         self.url = url
+        self.connection = connection
         self.download = download
         self.context = context
         self.file = file
@@ -116,7 +125,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         default: break
         }
         if let (cursor, start, end) = try download.beginWriting(decision: d, head: head, context: context, cursor: cursor,
-                                                                     latency: Clock.monotonic() - sent) {
+                                                                     latency: Clock.monotonic() - sent, connection: connection) {
             self.cursor = cursor
             offset = start
             responseEnd = end ?? .max
@@ -126,12 +135,18 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
 
     @inline(__always)
     func receiveBody(_ bytes: UnsafeRawBufferPointer) throws -> Double {
+        gotBody = true
         guard writing else {
             discarded += bytes.count
             if discarded > Self.maxDiscard { throw TransportError.transient("response body to discard is too large") }
             return 0
         }
-        let limit = cursor.end.load(ordering: .relaxed)
+        // Sequentially consistent with ``FileDownload/stopOthers(but:connection:)``: either it sees this
+        // chunk in progress and waits, or this chunk sees the end it lowered.
+        let cursor = self.cursor
+        cursor.writing.store(true, ordering: .sequentiallyConsistent)
+        defer { cursor.writing.store(false, ordering: .releasing) }
+        let limit = cursor.end.load(ordering: .sequentiallyConsistent)
         let n = Int(min(Int64(bytes.count), max(0, limit - offset)))
         if offset + Int64(n) > maxSize { throw tooLarge() }
         if n > 0 {

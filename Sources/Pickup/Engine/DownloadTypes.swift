@@ -136,11 +136,16 @@ public struct DownloadProgress: Sendable, Equatable {
         return min(1, Double(bytesDone) / Double(total))
     }
 
+    /// Seconds a connection now waits for a byte before it counts as stalled, when a slow or
+    /// stalling server made it more patient than the transport's stall timeout (nil otherwise).
+    public var stallTimeout: Double?
+
     /// A progress value.
-    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double) {
+    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double, stallTimeout: Double? = nil) {
         self.bytesDone = bytesDone
         self.totalBytes = totalBytes
         self.bytesPerSecond = bytesPerSecond
+        self.stallTimeout = stallTimeout
     }
 }
 

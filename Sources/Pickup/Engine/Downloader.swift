@@ -53,11 +53,7 @@ public final class Downloader: Sendable {
         } catch is CancellationError {
             throw .interrupted
         } catch let e as TransportError {
-            switch e {
-            case .fatal(let m), .transient(let m): throw .network(m)
-            case .protocolViolation(let m): throw .server(status: nil, m)
-            case .unresolved(let host): throw .network("cannot resolve \(host)")
-            }
+            throw e.failure
         } catch {
             throw .network("\(error)")
         }

@@ -9,7 +9,10 @@ extension FileDownload {
     /// the file-system calls it needs (the cursor file's mapping, preallocation, a truncation for a
     /// 200) run outside `lock`, and the control file is written on the blocking-I/O pool.
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
-                      cursor: SegmentCursor, latency: Double) throws -> (SegmentCursor, Int64, Int64?)? {
+                      cursor: SegmentCursor, latency: Double, connection: Int) throws -> (SegmentCursor, Int64, Int64?)? {
+        // A response that arrives for a range dropped when another response replaced every held
+        // byte (see below) writes nothing.
+        if decision.writes, lock.withLock({ state.alone != nil && cursors[cursor.segment] !== cursor }) { throw StopReading() }
         switch decision {
         case .append(let at, let end, let total, let validators):
             mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })
@@ -19,6 +22,7 @@ extension FileDownload {
             let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
                 state.latency = latency
                 guard let file else { return nil }
+                if state.alone != nil, cursors[cursor.segment] !== cursor { throw StopReading() }
                 var cursor = cursor
                 if let mapped = cursorFile, !cursor.isMapped {
                     // From now on this range's progress is kept in the cursor file.
@@ -28,7 +32,8 @@ extension FileDownload {
                     cursors[cursor.segment] = cursor
                 }
                 let decided = state.partialResponse(segment: cursor.segment, at: at, total: total, validators: validators,
-                                                    digest: Self.serverDigest(head), connections: options.connections)
+                                                    digest: Self.serverDigest(head),
+                                                    connections: state.connectionsAllowed(options.connections))
                 let first = decided.described
                 if let end = decided.end { cursor.end.store(min(cursor.end.load(ordering: .relaxed), end), ordering: .relaxed) }
                 // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
@@ -58,10 +63,18 @@ extension FileDownload {
         case .replace(let total, let validators):
             let (ranges, file) = lock.withLock { (record.segments.count, self.file) }
             guard let file else { return nil }
-            guard ranges == 1, cursor.segment == 0 else {
-                throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
-            }
-            if context.offset > 0 {
+            if ranges > 1 || cursor.segment != 0 {
+                // A whole response from offset 0 while other ranges run (their validators did not
+                // match this server's: a load balancer's backends, a changed file): it is the one
+                // stream from now on. The others stop before any byte of it is written.
+                switch stopOthers(but: cursor, connection: connection) {
+                case .stopped: break
+                case .stale: throw StopReading()
+                case .timedOut: throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
+                }
+                onEvent(.notice("the server sent the whole file (200) to a range request (its validators differ from the other responses': "
+                    + "a load balancer whose servers disagree?); the held bytes are discarded and this response is kept, over one connection"))
+            } else if context.offset > 0 {
                 onEvent(.notice("the server sent the whole file (200) instead of the rest; the held bytes are discarded"))
             }
             mapCursorsIfLarge(total: total)
@@ -73,7 +86,7 @@ extension FileDownload {
             }
             let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
                 state.latency = latency
-                if let total { state.lengthKnown(total, claiming: 0) }
+                if let total { state.lengthKnown(total, claiming: 0, by: connection) }
                 let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total, in: cursorFile)
                 cursors = [0: fresh]
                 if record.target == nil || context.conditional { try chooseTarget(head: head) }
@@ -86,6 +99,33 @@ extension FileDownload {
             lock.withLock { state.latency = latency }
             return nil
         }
+    }
+
+    enum Stop { case stopped, stale, timedOut }
+
+    /// Every range but `keep`'s stops where its writer is (and leaves `cursors`), no other
+    /// connection gets work for the rest of the run, and this returns once no other writer is
+    /// inside a chunk (so none writes after the held bytes are discarded): `.stopped`. `.stale`
+    /// when another response got there first (`keep` was stopped), `.timedOut` when a writer
+    /// stayed inside a chunk for 2 s.
+    func stopOthers(but keep: SegmentCursor, connection: Int) -> Stop {
+        let others = lock.withLock { () -> [SegmentCursor]? in
+            if state.alone != nil, cursors[keep.segment] !== keep { return nil }
+            state.alone = connection
+            let others = cursors.values.filter { $0 !== keep }
+            cursors = cursors.filter { $0.value === keep }
+            for c in others { c.end.store(c.position.load(ordering: .relaxed), ordering: .sequentiallyConsistent) }
+            return others
+        }
+        guard let others else { return .stale }
+        let deadline = Clock.monotonic() + 2
+        for c in others {
+            while c.writing.load(ordering: .sequentiallyConsistent) {
+                if Clock.monotonic() > deadline { return .timedOut }
+                sched_yield()
+            }
+        }
+        return .stopped
     }
 
     static func serverDigest(_ head: ResponseHead) -> ExpectedDigest? {

@@ -47,9 +47,10 @@ extension FileDownload {
             guard ticks.monitored else { return false }
             if now - ticks.lastProgress >= options.progressInterval * 0.9 {
                 ticks.lastProgress = now
-                let (held, total) = lock.withLock { (heldBytes(), record.totalLength) }
+                let (held, total, patience) = lock.withLock { (heldBytes(), record.totalLength, state.patience.values.max() ?? 0) }
                 let speed = ticks.meter.add(time: now, bytes: transferred.load(ordering: .relaxed))
-                onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed)))
+                let stall = patience > 0 ? transport.stallTimeout(patience: patience) : nil
+                onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed, stallTimeout: stall)))
             }
             if now - ticks.lastCheckpoint >= options.checkpointInterval {
                 ticks.lastCheckpoint = now

@@ -38,7 +38,7 @@ extension FileDownload {
                         try await self.connection(0, file: file, conditional: first)
                     }
                     for await _ in stream {
-                        for id in 1..<max(1, options.connections) {
+                        for id in 1..<max(1, lock.withLock { state.connectionsAllowed(options.connections) }) {
                             group.addTask { try await self.connection(id, file: file, conditional: nil) }
                         }
                     }
@@ -66,7 +66,15 @@ extension FileDownload {
                 guard restarts <= options.retry.maxAttemptsWithoutProgress else {
                     throw PickupError.server(status: nil, "\(change.reason), again after starting over")
                 }
-                onEvent(.notice("\(change.reason); starting over from zero"))
+                // Responses that keep disagreeing (several servers behind one name, each with its
+                // own validators): one connection from now on, so that one server's bytes make the file.
+                if restarts >= 2, options.connections > 1, lock.withLock({ state.alone == nil }) {
+                    lock.withLock { state.alone = 0 }
+                    onEvent(.notice("\(change.reason) again; the responses disagree on the file's validators "
+                        + "(a load balancer whose servers disagree?), so it starts over and finishes over one connection"))
+                } else {
+                    onEvent(.notice("\(change.reason); starting over from zero"))
+                }
                 try await restartFromZero(file)
                 conditional = nil
             }
@@ -121,7 +129,7 @@ extension FileDownload {
     func assign(_ id: Int) -> SegmentCursor? {
         lock.withLock {
             guard state.scheduler != nil else { return nil }
-            if let keeper = state.keeper, keeper != id {
+            if let keeper = state.alone ?? state.keeper, keeper != id {
                 state.ranges { $0.release(id) }
                 return nil
             }
@@ -171,7 +179,9 @@ extension FileDownload {
     /// connection). A connection out of work waits that long and asks again.
     func endgameWait(_ id: Int) -> Double? {
         lock.withLock {
-            guard let before = state.scheduler, !before.isComplete, state.keeper == nil || state.keeper == id else { return nil }
+            guard let before = state.scheduler, !before.isComplete, state.keeper == nil || state.keeper == id,
+                state.alone == nil || state.alone == id
+            else { return nil }
             let quiet = observe(for: id, now: Clock.monotonic()).quiet
             guard let s = state.scheduler else { return nil }
             let waits = quiet.compactMap { i, q -> Double? in
@@ -222,20 +232,34 @@ extension FileDownload {
                                          finished: conditional.flatMap { c in c.1.validators.map { ($0, c.1.length) } })
             let headers = Self.requestHeaders(offset: offset, end: end, validators: validators,
                                               conditional: conditional?.1.validators) + userFields(for: url)
-            let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url)
+            let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url, connection: id)
             var failure: String? = nil
             var retryAfter: Int64? = nil
             do {
-                try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id), into: sink)
+                let patience = lock.withLock { state.patience[id] ?? 0 }
+                try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience), into: sink)
             } catch is RangeComplete {
                 return .done
             } catch is StopReading {
-                // The head said all there is to know (an unchanged file sent again): decided below.
+                // The head said all there is to know (an unchanged file sent again, or a range
+                // dropped when another response replaced every held byte): decided below.
             } catch let e as TransportError {
                 switch e {
-                case .fatal(let m): throw PickupError.network(m)
-                case .protocolViolation(let m): throw PickupError.server(status: nil, m)
+                case .fatal, .protocolViolation: throw e.failure
                 case .transient(let m): failure = m
+                case .stalled:
+                    failure = e.message
+                    // Slow to start (an archive built on the fly, cold storage) or slow again: the
+                    // next attempt waits longer (doubling, up to the transport's bound).
+                    let patience = lock.withLock { state.stalled(id, beforeBody: !sink.gotBody) }
+                    if patience > 0, let wait = transport.stallTimeout(patience: patience) {
+                        failure = "\(e.message); waiting up to \(TransportError.seconds(wait)) next time"
+                    }
+                case .proxyRefused(let status, _):
+                    // The proxy's own answer: its 5xx (it cannot reach the server) is retried, its
+                    // refusals are not.
+                    guard status >= 500 else { throw e.failure }
+                    failure = e.message
                 case .unresolved(let host):
                     // A name that does not resolve rarely starts to: two more tries, then say so.
                     unresolved += 1

@@ -21,6 +21,12 @@ struct RunState {
     var lastSeen: [Int: (position: Int64, since: Double)] = [:]
     /// While shed to one connection (``ConnectionTuner``): the connection that goes on.
     var keeper: Int?
+    /// For the rest of the run, the one connection that fetches (responses disagreed on the
+    /// file's validators: a load balancer whose backends have their own, say). Not reset by a restart.
+    var alone: Int?
+    /// How patient each connection is with stalls (``FetchRequest/patience``), and which have stalled.
+    var patience: [Int: Int] = [:]
+    var stalledBefore: Set<Int> = []
     /// Whether this round's first valid 206 has decided on more connections.
     var connectionsDecided = false
     /// Bytes held at the start that were kept (zero once they had to be discarded).
@@ -66,14 +72,26 @@ struct RunState {
     mutating func describe(_ change: (inout ControlRecord) -> Void) { checkpoints.update(change) }
 
     /// The complete length became known from a response to range `segment`: ranges are built
-    /// over the record, `segment` ending at `total` and owned by the first connection.
-    mutating func lengthKnown(_ total: Int64, claiming segment: Int) {
+    /// over the record, `segment` ending at `total` and owned by connection `owner`.
+    mutating func lengthKnown(_ total: Int64, claiming segment: Int, by owner: Int = 0) {
         guard scheduler == nil else { return }
         checkpoints.update { r in
             if r.segments.indices.contains(segment) { r.segments[segment].end = total }
         }
-        rebuildRanges(claiming: segment)
+        rebuildRanges(claiming: segment, by: owner)
     }
+
+    /// Connection `id` stalled (no byte within its stall timeout). It is more patient next time
+    /// when the stall came before any body byte or when it has stalled before; returns its patience.
+    @discardableResult
+    mutating func stalled(_ id: Int, beforeBody: Bool) -> Int {
+        if beforeBody || stalledBefore.contains(id) { patience[id] = min(16, (patience[id] ?? 0) + 1) }
+        stalledBefore.insert(id)
+        return patience[id] ?? 0
+    }
+
+    /// The connections a round may run: one once they must go on alone.
+    func connectionsAllowed(_ wanted: Int) -> Int { alone == nil ? wanted : 1 }
 
     /// Changes the ranges (plan, split, shed, claim, release, progress reports), then projects
     /// their shape into the record. Returns what `change` returns; nil without ranges.
@@ -186,13 +204,13 @@ struct RunState {
 
     // MARK: - The projection
 
-    private mutating func rebuildRanges(claiming segment: Int?) {
+    private mutating func rebuildRanges(claiming segment: Int?, by owner: Int = 0) {
         guard let total = record.totalLength else {
             scheduler = nil
             return
         }
         var s = SegmentScheduler(total: total, records: record.segments, minSplit: minSplit)
-        if let segment, s.segments.indices.contains(segment) { s.claim(segment, by: 0) }
+        if let segment, s.segments.indices.contains(segment) { s.claim(segment, by: owner) }
         scheduler = s
         project()
     }

@@ -1,6 +1,7 @@
 import Foundation
 import AsyncHTTPClient
 import Atomics
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -20,6 +21,9 @@ public final class HTTPClientTransport: Transport {
         public var connectTimeout: Double = 15
         /// Seconds without a byte before a connection counts as stalled and is dropped.
         public var stallTimeout: Double = 15
+        /// The longest stall timeout: a request after a stall before the body, or on a connection
+        /// that has stalled before, waits twice as long as the one before, up to this.
+        public var maxStallTimeout: Double = 120
         /// Seconds from sending a request to having its whole response head: a server that sends
         /// a head byte by byte (each resetting the stall timer) fails as a protocol error.
         public var headTimeout: Double = 30
@@ -47,15 +51,21 @@ public final class HTTPClientTransport: Transport {
         public init() {}
     }
 
-    /// A client without a proxy, and one per proxy the rules may pick.
-    let client: HTTPClient
-    let proxied: [ProxyURL: HTTPClient]
+    /// AsyncHTTPClient's clients by proxy (nil: direct) and patience: created when first needed
+    /// (a stall timeout is a client's setting; a request that waits longer takes another client).
+    let clients: NIOLockedValueBox<[ClientKey: HTTPClient]>
+    struct ClientKey: Hashable { let proxy: ProxyURL?; let patience: Int }
+    let configuration: HTTPClient.Configuration
+    /// Requests through HTTP proxies (absolute form, or CONNECT tunnels).
+    let viaProxy: ProxyTransport
     let proxies: ProxyRules
-    /// The client's event loops, which ``FetchRequest/lane`` picks from.
+    /// The event loops, which ``FetchRequest/lane`` picks from.
     let loops: [any EventLoop]
     let budget: ReadBudget
     let defaultHeaders: HTTPHeaders
     let headTimeout: TimeAmount
+    let stallTimeout: Double
+    let maxStallTimeout: Double
     let isShutDown = ManagedAtomic(false)
 
     /// Creates a transport with its own HTTP client.
@@ -82,30 +92,41 @@ public final class HTTPClientTransport: Transport {
         config.http1_1ConnectionDebugInitializer = { channel in
             channel.setOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
         }
+        configuration = config
+        stallTimeout = options.stallTimeout
+        maxStallTimeout = max(options.stallTimeout, options.maxStallTimeout)
         // NIO's POSIX event loops on every platform, not `.singleton`, which on Apple platforms is a
         // Network.framework group: its channels do not support `ChannelOptions.recvAllocator`
         // (setting it ends in fatalError) and hand reads over in their own sizes. With a POSIX group
         // AsyncHTTPClient takes its ClientBootstrap + NIOSSL path everywhere (certificates verified
         // against the system's roots: SecTrust on Apple platforms), and the read budget works the
         // same on every platform. See ARCHITECTURE.md, "Platforms".
-        client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: config)
-        var proxied: [ProxyURL: HTTPClient] = [:]
-        for p in options.proxies.all {
-            var c = config
-            switch p.kind {
-            case .http:
-                c.proxy = .server(host: p.host, port: p.port,
-                                  authorization: p.user.map { .basic(username: $0, password: p.password ?? "") })
-            case .socks5:
-                c.proxy = .socksServer(host: p.host, port: p.port)
-            }
-            proxied[p] = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: c)
-        }
-        self.proxied = proxied
+        let direct = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: config)
+        clients = NIOLockedValueBox([ClientKey(proxy: nil, patience: 0): direct])
         proxies = options.proxies
-        loops = Array(client.eventLoopGroup.makeIterator())
+        loops = Array(direct.eventLoopGroup.makeIterator())
         headTimeout = .milliseconds(Int64(options.headTimeout * 1000))
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
+        viaProxy = ProxyTransport(loops: loops, tls: tls, connectTimeout: options.connectTimeout, headTimeout: headTimeout,
+                                  budget: budget, userAgent: options.userAgent)
+    }
+
+    public func stallTimeout(patience: Int) -> Double? {
+        min(maxStallTimeout, stallTimeout * Double(1 << min(max(0, patience), 20)))
+    }
+
+    /// The client for requests through `proxy` (a SOCKS proxy, or nil) with this much patience.
+    func client(via proxy: ProxyURL?, patience: Int) -> HTTPClient {
+        let key = ClientKey(proxy: proxy, patience: patience)
+        return clients.withLockedValue { all in
+            if let c = all[key] { return c }
+            var c = configuration
+            c.timeout.read = .milliseconds(Int64((stallTimeout(patience: patience) ?? stallTimeout) * 1000))
+            if let proxy { c.proxy = .socksServer(host: proxy.host, port: proxy.port) }
+            let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: c)
+            all[key] = client
+            return client
+        }
     }
 
     /// Checks that a file holds PEM certificates.
@@ -157,9 +178,20 @@ public final class HTTPClientTransport: Transport {
         // throwaway "overflow" connection whenever none is idle on that loop.)
         let preference: HTTPClient.EventLoopPreference =
             request.lane.map { .delegate(on: loops[$0 % loops.count]) } ?? .indifferent
+        let proxy = proxies.proxy(for: request.url)
+        let patience = max(0, request.patience)
+        if let proxy, proxy.kind == .http {
+            let stall = TimeAmount.milliseconds(Int64((stallTimeout(patience: patience) ?? stallTimeout) * 1000))
+            do {
+                try await viaProxy.fetch(request, headers: headers, via: proxy, tunnelAlways: proxies.tunnel, stall: stall, into: sink)
+            } catch {
+                try Task.checkCancellation()
+                throw Self.classify(error)
+            }
+            return
+        }
         let delegate = SinkDelegate(sink)
-        let via = proxies.proxy(for: request.url).flatMap { proxied[$0] } ?? client
-        let task = via.execute(request: req, delegate: delegate, eventLoop: preference)
+        let task = client(via: proxy, patience: patience).execute(request: req, delegate: delegate, eventLoop: preference)
         delegate.armHeadDeadline(task, in: headTimeout)
         do {
             try await withTaskCancellationHandler {
@@ -174,30 +206,30 @@ public final class HTTPClientTransport: Transport {
             if delegate.headTimedOut.load(ordering: .relaxed) {
                 throw TransportError.protocolViolation("no complete response head within \(headTimeout.nanoseconds / 1_000_000_000) s")
             }
-            throw Self.classify(error)
+            throw Self.classify(error, stall: stallTimeout(patience: patience))
         }
     }
 
     public func shutdown() async {
         guard isShutDown.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged else { return }
-        try? await client.shutdown()
-        for c in proxied.values { try? await c.shutdown() }
+        viaProxy.shutdown()
+        for c in clients.withLockedValue({ Array($0.values) }) { try? await c.shutdown() }
     }
 
     deinit {
         // Dropped without shutdown(): release the connections in the background rather than leak them.
         if isShutDown.compareExchange(expected: false, desired: true, ordering: .relaxed).exchanged {
-            client.shutdown { _ in }
-            for c in proxied.values { c.shutdown { _ in } }
+            viaProxy.shutdown()
+            for c in clients.withLockedValue({ Array($0.values) }) { c.shutdown { _ in } }
         }
     }
 
     /// Maps errors of the HTTP stack to transient or fatal; errors the sink threw pass through.
-    static func classify(_ error: any Error) -> any Error {
-        if error is any SinkError || error is TransportError || error is CancellationError { return error }
+    static func classify(_ error: any Error, stall: Double? = nil, proxy: ProxyURL? = nil) -> any Error {
+        if error is any SinkError || error is TransportError || error is CancellationError || error is StaleConnection { return error }
         if let e = error as? HTTPClientError {
             if e == .cancelled { return CancellationError() }
-            if e == .readTimeout { return TransportError.transient("stalled: no data within the stall timeout") }
+            if e == .readTimeout { return stall.map { TransportError.stalled(seconds: $0) } ?? TransportError.transient("stalled") }
             if e == .connectTimeout { return TransportError.transient("connection timed out") }
             if e == .remoteConnectionClosed { return TransportError.transient("connection closed by the server") }
             if e == .invalidURL || e == .emptyHost || e == .emptyScheme {
@@ -209,9 +241,16 @@ public final class HTTPClientTransport: Transport {
             if e.connectionErrors.isEmpty, e.dnsAError != nil || e.dnsAAAAError != nil {
                 return TransportError.unresolved(host: e.host)
             }
+            let what = proxy == nil ? "" : "the proxy "
             let first = e.connectionErrors.first.map { classify($0.error) }
-            if case .transient(let m)? = first as? TransportError { return TransportError.transient("cannot connect to \(e.host):\(e.port): \(m)") }
-            return TransportError.transient("cannot connect to \(e.host):\(e.port)")
+            if case .transient(let m)? = first as? TransportError { return TransportError.transient("cannot connect to \(what)\(e.host):\(e.port): \(m)") }
+            return TransportError.transient("cannot connect to \(what)\(e.host):\(e.port)")
+        }
+        if let e = error as? ChannelError {
+            switch e {
+            case .connectTimeout: return TransportError.transient(proxy == nil ? "connection timed out" : "connection to the proxy timed out")
+            default: return TransportError.transient("connection closed (\(e))")
+            }
         }
         if let e = error as? SocketAddressError, case .unknown(let host, _) = e {
             return TransportError.unresolved(host: host)

@@ -1,6 +1,7 @@
 import Foundation
 
-/// A proxy: `http://[user:password@]host:port` (CONNECT for https URLs), or `socks5://host:port`
+/// A proxy: `http://[user:password@]host:port` (absolute form for http URLs, CONNECT for https
+/// ones: ``ProxyTransport``), or `socks5://host:port`
 /// and `socks5h://host:port` (both resolve names at the proxy: AsyncHTTPClient's SOCKS client sends
 /// the host name).
 public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
@@ -60,18 +61,22 @@ public struct ProxyRules: Sendable, Equatable {
     public var https: ProxyURL?
     /// Hosts that go direct.
     public var noProxy: [String]
+    /// Through an HTTP proxy, `http://` URLs go through a CONNECT tunnel too (curl's
+    /// `--proxytunnel`) instead of in absolute form.
+    public var tunnel: Bool
 
     /// No proxy at all.
-    public init(http: ProxyURL? = nil, https: ProxyURL? = nil, noProxy: [String] = []) {
+    public init(http: ProxyURL? = nil, https: ProxyURL? = nil, noProxy: [String] = [], tunnel: Bool = false) {
         self.http = http
         self.https = https
         self.noProxy = noProxy
+        self.tunnel = tunnel
     }
 
     /// The rules from `--proxy` and `--noproxy` (an empty `--proxy` turns proxies off) and, where
     /// they say nothing, the environment.
     /// - Throws: ``PickupError/invalidInput(_:)`` for a malformed proxy URL.
-    public static func resolve(proxy: String?, noProxy: String?, environment env: [String: String]) throws(PickupError) -> ProxyRules {
+    public static func resolve(proxy: String?, noProxy: String?, tunnel: Bool = false, environment env: [String: String]) throws(PickupError) -> ProxyRules {
         func value(_ names: String...) -> String? { names.lazy.compactMap { env[$0] }.first { !$0.isEmpty } }
         let skip = (noProxy ?? value("no_proxy", "NO_PROXY") ?? "").split(separator: ",").map {
             $0.trimmingCharacters(in: .whitespaces).lowercased()
@@ -79,12 +84,12 @@ public struct ProxyRules: Sendable, Equatable {
         if let proxy {
             if proxy.isEmpty { return ProxyRules() }
             let p = try ProxyURL(parsing: proxy)
-            return ProxyRules(http: p, https: p, noProxy: skip)
+            return ProxyRules(http: p, https: p, noProxy: skip, tunnel: tunnel)
         }
         let all = try value("all_proxy", "ALL_PROXY").map { text throws(PickupError) in try ProxyURL(parsing: text) }
         let http = try value("http_proxy").map { text throws(PickupError) in try ProxyURL(parsing: text) } ?? all
         let https = try value("https_proxy", "HTTPS_PROXY").map { text throws(PickupError) in try ProxyURL(parsing: text) } ?? all
-        return ProxyRules(http: http, https: https, noProxy: skip)
+        return ProxyRules(http: http, https: https, noProxy: skip, tunnel: tunnel)
     }
 
     /// The proxy for a request to `url`, nil to go direct.

@@ -8,12 +8,16 @@ public struct FetchRequest: Sendable {
     /// transport can arrange it (a connection's successive ranges then reuse its socket without
     /// handing every chunk to another thread); nil: wherever is free.
     public var lane: Int?
+    /// How patient to be with a server that stalls: 0 waits the transport's stall timeout, each
+    /// step doubles it, up to the transport's bound (``Transport/stallTimeout(patience:)``).
+    public var patience: Int
 
     /// A request.
-    public init(url: String, headers: [(name: String, value: String)] = [], lane: Int? = nil) {
+    public init(url: String, headers: [(name: String, value: String)] = [], lane: Int? = nil, patience: Int = 0) {
         self.url = url
         self.headers = headers
         self.lane = lane
+        self.patience = patience
     }
 }
 
@@ -41,6 +45,12 @@ public enum TransportError: Error, Sendable, Equatable {
     case protocolViolation(String)
     /// The host name could not be resolved (worth a retry or two: resolvers have bad moments).
     case unresolved(host: String)
+    /// No byte arrived for this many seconds (the request's stall timeout): worth retrying, with
+    /// more patience when it happens before the body or again (``FetchRequest/patience``).
+    case stalled(seconds: Double)
+    /// The proxy itself answered with this status instead of forwarding the request (a CONNECT
+    /// refused, a 407, an error the proxy marks as its own).
+    case proxyRefused(status: Int, reason: String)
 }
 
 /// Sends GET requests and streams their responses into a sink. The engine depends only on this,
@@ -51,4 +61,11 @@ public protocol Transport: Sendable {
     func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws
     /// Releases connections and threads.
     func shutdown() async
+    /// Seconds without a byte before a request with this much patience counts as stalled (nil
+    /// when the transport does not say).
+    func stallTimeout(patience: Int) -> Double?
+}
+
+extension Transport {
+    public func stallTimeout(patience: Int) -> Double? { nil }
 }

@@ -1,0 +1,266 @@
+import Foundation
+import NIOCore
+import NIOHTTP1
+import SystemPackage
+import Testing
+import TestServer
+
+@testable import Pickup
+
+/// A self-signed certificate for 127.0.0.1 (and its key), made with openssl in `dir`.
+func makeLoopbackCertificate(in dir: TempDir) throws -> (certificate: String, key: String) {
+    let cert = dir.file("cert.pem").string, key = dir.file("key.pem").string
+    let openssl = Process()
+    openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+    openssl.arguments = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "2",
+                         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    openssl.standardOutput = FileHandle.nullDevice
+    openssl.standardError = FileHandle.nullDevice
+    try openssl.run()
+    openssl.waitUntilExit()
+    return (cert, key)
+}
+
+/// Forward proxying through real proxies (Debian's Squid with its default rules, tinyproxy):
+/// plain http in absolute form, https through CONNECT, a proxy's refusal in words.
+@Suite(.serialized, .enabled(if: SquidProcess.binary != nil, "squid is not installed"))
+struct SquidTests {
+    @Test func plainHTTPGoesInAbsoluteFormWithSeveralConnections() async throws {
+        let squid = try SquidProcess()
+        defer { squid.stop() }
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 4 << 20, seed: 41)
+        // Paced, so that more connections open before the first has it all.
+        server.set("/s.bin", Resource(body: body, bytesPerSecond: 4 << 20))
+        let state = TempDir(), dir = TempDir()
+        let code = try await CLI.offPool {
+            try CLI.run(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "-x", "4", "--proxy", squid.url], state: state.path)
+        }
+        #expect(code == 0, "\(squid.log)")
+        let same = dir.read("s.bin") == body
+        #expect(same)
+        let log = squid.accessLog
+        #expect(log.contains("GET http://127.0.0.1:\(server.port)/s.bin"), "\(log)")
+        #expect(log.components(separatedBy: "\n").filter { $0.contains("/206 ") }.count >= 2, "several ranges through Squid: \(log)")
+        #expect(!log.contains("CONNECT"), "plain http was tunnelled: \(log)")
+        #expect(!log.contains("DENIED"), "\(log)")
+    }
+
+    @Test(.enabled(if: Nginx.binary != nil && FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"), "nginx or openssl missing"))
+    func httpsGoesThroughCONNECTAndIsVerified() async throws {
+        let site = TempDir(), keys = TempDir(), state = TempDir(), dir = TempDir()
+        let body = Resource.bytes(count: 1 << 20, seed: 42)
+        site.write("t.bin", body)
+        let (cert, key) = try makeLoopbackCertificate(in: keys)
+        let nginx = try Nginx(root: site.path.string, tls: (cert, key))
+        defer { nginx.stop() }
+        // Debian's rules allow CONNECT to 443 only: the test's TLS port is added to SSL_ports.
+        let squid = try SquidProcess(extraSSLPorts: [nginx.port])
+        defer { squid.stop() }
+        let url = nginx.baseURL + "/t.bin"
+        let codes = try await CLI.offPool {
+            [try CLI.run(["get", url, "-o", dir.file("a").string, "-q", "--proxy", squid.url, "--retries", "1"], state: state.path),
+             try CLI.run(["get", url, "-o", dir.file("b").string, "-q", "--proxy", squid.url, "--ca-certificate", cert, "-x", "3"],
+                         state: state.path)]
+        }
+        #expect(codes == [3, 0], "an unknown CA through the tunnel is refused; the right one is trusted: \(squid.log)")
+        let same = dir.read("b") == body
+        #expect(same)
+        #expect(squid.accessLog.contains("CONNECT 127.0.0.1:\(nginx.port)"), "\(squid.accessLog)")
+    }
+
+    @Test func aProxysRefusalIsSaidInWordsAndNotRetried() async throws {
+        let squid = try SquidProcess()
+        defer { squid.stop() }
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        server.set("/r.bin", Resource(body: [1, 2, 3]))
+        let state = TempDir(), dir = TempDir()
+        // --proxytunnel: CONNECT to a port that is not 443, which Debian's rules deny.
+        let result = try await CLI.offPool {
+            try CLI.capture(["get", server.url("/r.bin"), "-d", dir.path.string, "--proxy", squid.url, "--proxytunnel"], state: state.path)
+        }
+        #expect(result.status == 4, "\(result.err)")
+        #expect(result.err.contains("the proxy refused: 403 Forbidden"), "\(result.err)")
+        #expect(!result.err.contains("retrying"), "\(result.err)")
+        #expect(squid.accessLog.components(separatedBy: "\n").filter { $0.contains("TCP_DENIED/403") }.count == 1, "\(squid.accessLog)")
+        #expect(server.requests("/r.bin").isEmpty)
+    }
+}
+
+@Suite(.serialized, .enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
+struct AbsoluteFormTests {
+    @Test func tinyproxySeesAbsoluteFormRequestsAndAsksForCredentials() async throws {
+        let proxy = try ProxyProcess(.tinyproxy, extraConfig: "BasicAuth alice s3cret")
+        defer { proxy.stop() }
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 100_000, seed: 43)
+        server.set("/t.bin", Resource(body: body))
+        let state = TempDir(), dir = TempDir()
+        let withUser = proxy.url.replacingOccurrences(of: "http://", with: "http://alice:s3cret@")
+        let (without, with) = try await CLI.offPool {
+            (try CLI.capture(["get", server.url("/t.bin"), "-o", dir.file("a").string, "--proxy", proxy.url], state: state.path),
+             try CLI.capture(["get", server.url("/t.bin"), "-o", dir.file("b").string, "-q", "--proxy", withUser], state: state.path))
+        }
+        #expect(without.status == 4 && without.err.contains("the proxy needs credentials (407"), "\(without.err)")
+        #expect(with.status == 0, "\(with.err) \(proxy.log)")
+        let same = dir.read("b") == body
+        #expect(same)
+        #expect(proxy.absoluteFormRequests(to: server.port) >= 2, "\(proxy.log)")
+        #expect(!proxy.log.contains("CONNECT 127.0.0.1:\(server.port)"), "\(proxy.log)")
+        #expect(server.requests("/t.bin").count == 1, "the refused request never reached the server")
+        #expect(server.requests("/t.bin").first?.headers["proxy-authorization"] == nil, "the proxy's credentials went on to the server")
+    }
+}
+
+/// Pure parts of the proxy transport: hostile answers never trap.
+@Suite struct ProxyParsingTests {
+    @Test func statusLinesOfCONNECTAnswers() {
+        func parse(_ s: String) -> (Int?, String) {
+            let buffer = ByteBuffer(string: s)
+            return TunnelHandler.statusLine(buffer.readableBytesView)
+        }
+        #expect(parse("HTTP/1.1 200 Connection established\r\n\r\n").0 == 200)
+        #expect(parse("HTTP/1.0 403 Nope\r\n").0 == 403 && parse("HTTP/1.0 403 Nope\r\n").1 == "Forbidden")
+        #expect(parse("HTTP/1.1 299 \u{1B}[31mred\r\n").1 == "[31mred")
+        #expect(parse("HTTP/2 200 OK\r\n").0 == nil)
+        #expect(parse("HTTP/1.1 2000 OK\r\n").0 == nil)
+        #expect(parse("HTTP/1.1 -20 OK\r\n").0 == nil)
+        #expect(parse("").0 == nil)
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<2000 {
+            let n = Int.random(in: 0..<64, using: &rng)
+            let bytes = (0..<n).map { _ in UInt8.random(in: 0...255, using: &rng) }
+            let prefix: [UInt8] = Bool.random(using: &rng) ? Array("HTTP/1.1 ".utf8) : []
+            var b = ByteBuffer()
+            b.writeBytes(prefix + bytes)
+            _ = TunnelHandler.statusLine(b.readableBytesView)
+            _ = TunnelHandler.headEnd(b.readableBytesView)
+        }
+    }
+
+    @Test func whoseRefusalItIs() {
+        func head(_ status: Int, _ fields: [(String, String)] = []) -> HTTPResponseHead {
+            HTTPResponseHead(version: .http1_1, status: .init(statusCode: status), headers: HTTPHeaders(fields))
+        }
+        #expect(ProxyClientHandler.proxyRefusal(head(407)) == .proxyRefused(status: 407, reason: "Proxy Authentication Required"))
+        #expect(ProxyClientHandler.proxyRefusal(head(403, [("X-Squid-Error", "ERR_ACCESS_DENIED 0")]))?.message
+            == "the proxy refused: 403 Forbidden")
+        #expect(ProxyClientHandler.proxyRefusal(head(502, [("Proxy-Status", "squid; error=connection_refused")]))?.message
+            == "the proxy answered 502 Bad Gateway")
+        // The origin's own errors pass through to the engine.
+        #expect(ProxyClientHandler.proxyRefusal(head(403)) == nil)
+        #expect(ProxyClientHandler.proxyRefusal(head(404, [("Proxy-Status", "cache; hit")])) == nil)
+        #expect(ProxyClientHandler.proxyRefusal(head(200, [("X-Squid-Error", "x")])) == nil)
+    }
+
+    @Test func requestTargets() throws {
+        let p = try ProxyTransport.parse("http://u:pw@Example.com:8080/a%20b/c?x=1#frag")
+        #expect(p.absolute == "http://Example.com:8080/a%20b/c?x=1")
+        #expect(p.origin == "/a%20b/c?x=1" && p.hostField == "Example.com:8080" && !p.isIPAddress)
+        let v6 = try ProxyTransport.parse("https://[::1]/f")
+        #expect(v6.absolute == "https://[::1]/f" && v6.hostField == "[::1]" && v6.target.port == 443 && v6.isIPAddress)
+        #expect(try ProxyTransport.parse("http://h").origin == "/")
+        #expect(throws: TransportError.self) { try ProxyTransport.parse("ftp://h/f") }
+    }
+}
+
+/// Servers behind a load balancer whose backends each have their own validators for the same
+/// bytes, and servers that are slow to send their first byte.
+@Suite struct ServerBehaviourTests {
+    @Test func backendsWithTheirOwnETagsConvergeOverOneConnection() async throws {
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 6 << 20, seed: 44)
+        var r = Resource(body: body, bytesPerSecond: 8 << 20)
+        r.backendETags = ["\"a-1\"", "\"b-2\"", "\"c-3\""]
+        server.set("/lb.bin", r)
+        let state = TempDir(), dir = TempDir()
+        let result = try await CLI.offPool {
+            try CLI.capture(["get", server.url("/lb.bin"), "-d", dir.path.string, "-x", "6", "--retries", "3"], state: state.path)
+        }
+        #expect(result.status == 0, "\(result.err)")
+        let same = dir.read("lb.bin") == body
+        #expect(same)
+        #expect(result.err.contains("over one connection"), "\(result.err)")
+        // Converged rather than looped: far fewer bytes sent than six rounds of the file.
+        #expect(server.bytesSent("/lb.bin") < 3 * body.count, "\(server.bytesSent("/lb.bin"))")
+    }
+
+    @Test func afterAKillOnlyAConfirmedValidatorResumes() async throws {
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 8 << 20, seed: 45)
+        var r = Resource(body: body, bytesPerSecond: 2 << 20)
+        r.backendETags = ["\"a-1\"", "\"b-2\""]
+        server.set("/k.bin", r)
+        let state = TempDir(), dir = TempDir()
+        let part = dir.file("k.bin.pickup-part")
+        let killed = try await CLI.startAndKill(["get", server.url("/k.bin"), "-o", dir.file("k.bin").string, "-q", "-x", "1"], state: state.path) {
+            ((try? FileManager.default.attributesOfItem(atPath: part.string)[.size] as? Int) ?? 0) > 1 << 20
+        }
+        #expect(killed)
+        server.update("/k.bin") { $0.bytesPerSecond = nil }
+        let code = try await CLI.offPool {
+            try CLI.run(["get", server.url("/k.bin"), "-o", dir.file("k.bin").string, "-q", "-x", "4"], state: state.path)
+        }
+        #expect(code == 0)
+        let same = dir.read("k.bin") == body
+        #expect(same)
+        // Every resumed range was asked with If-Range; a backend that did not confirm it answered 200.
+        let ranged = server.requests("/k.bin").filter { ($0.headers["range"] ?? "bytes=0-").hasPrefix("bytes=0-") == false }
+        #expect(ranged.allSatisfy { $0.headers["if-range"] != nil })
+    }
+
+    @Test func aSlowFirstByteMakesTheNextAttemptMorePatient() async throws {
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 300_000, seed: 46)
+        var r = Resource(body: body)
+        // The body comes 2 s after the head: with a stall timeout of 0.3 s, the attempts wait
+        // 0.3, 0.6, 1.2, then 2.4 s (the torture test's style: a scaled-down 20 s archive).
+        r.firstByteDelay = 2
+        server.set("/slow.bin", r)
+        let state = TempDir(), dir = TempDir()
+        let result = try await CLI.offPool {
+            try CLI.capture(["get", server.url("/slow.bin"), "-d", dir.path.string, "-x", "1", "--stall-timeout", "0.3"], state: state.path)
+        }
+        #expect(result.status == 0, "\(result.err)")
+        let same = dir.read("slow.bin") == body
+        #expect(same)
+        #expect(result.err.contains("waiting up to 1.2 s next time"), "\(result.err)")
+        #expect(server.requests("/slow.bin").count >= 3, "\(server.requests("/slow.bin").count)")
+
+        // A dead server still fails, in bounded time: every attempt stalls, each waits longer.
+        server.set("/dead.bin", Resource(body: body, faults: Array(repeating: .stallAfter(0), count: 10)))
+        let dead = try await CLI.offPool {
+            try CLI.capture(["get", server.url("/dead.bin"), "-d", dir.path.string, "-x", "1", "--stall-timeout", "0.2", "--retries", "3"],
+                            state: state.path)
+        }
+        #expect(dead.status == 3, "\(dead.err)")
+        #expect(dead.err.contains("stalled: no data for 0.8 s; waiting up to 1.6 s next time"), "\(dead.err)")
+        #expect(dead.err.contains("gave up"), "\(dead.err)")
+        #expect(server.requests("/dead.bin").count <= 4)
+    }
+
+    @Test func patienceRules() {
+        var s = RunState(record: FileDownload.emptyRecord(url: "http://x/"), minSplit: 1 << 20)
+        // A stall mid-body on a connection that never stalled: no more patience yet.
+        #expect(s.stalled(1, beforeBody: false) == 0)
+        // Again on that connection: more.
+        #expect(s.stalled(1, beforeBody: false) == 1)
+        // Before any body byte: at once.
+        #expect(s.stalled(2, beforeBody: true) == 1)
+        #expect(s.stalled(2, beforeBody: true) == 2)
+        for _ in 0..<40 { s.stalled(3, beforeBody: true) }
+        #expect(s.patience[3] == 16)
+        var o = HTTPClientTransport.Options()
+        o.stallTimeout = 15
+        let t = HTTPClientTransport(options: o)
+        defer { Task { await t.shutdown() } }
+        #expect(t.stallTimeout(patience: 0) == 15 && t.stallTimeout(patience: 1) == 30 && t.stallTimeout(patience: 3) == 120)
+        #expect(t.stallTimeout(patience: 16) == 120)
+    }
+}
