@@ -13,7 +13,9 @@ Cases: throttled, single, multi, skewed (one file); batch (400 files of 64 KiB, 
 `pickup get -i` against `aria2c -i -j16` and `wget -i`); queue (10,000 queued downloads in the
 DownloadManager: adding, listing, restoring; no network); daemon (API latency with 10,000 downloads);
 events (the same with 100 event-stream clients, half of which never read: latency and peak memory);
-limits (the rate `--limit-rate` achieves, from 1 KiB/s to 1 MiB/s; not in the default set: 32 s).
+limits (the rate `--limit-rate` achieves, from 1 KiB/s to 1 MiB/s; not in the default set: 32 s);
+squid (1 GiB through Squid on loopback with Debian's default rules, one connection: plain http in
+absolute form; against curl, wget and aria2c through the same Squid; not in the default set).
 """
 import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, \
     threading, time
@@ -64,6 +66,33 @@ http {{
     raise SystemExit("nginx did not start: " + open(f"{work}/error.log").read())
 
 
+def start_squid(work, port):
+    """Squid with Debian's default access rules (its /etc/squid/squid.conf), no cache, on `port`."""
+    squid = shutil.which("squid") or "/usr/sbin/squid"
+    if not os.path.exists(squid):
+        raise SystemExit("squid is not installed (apt-get install squid)")
+    d = os.path.join(work, "squid")
+    os.makedirs(d)
+    os.chmod(work, 0o711)  # started as root, it runs as the proxy user: it must reach its folder
+    os.chmod(d, 0o777)
+    keep = [line.strip() for line in open("/etc/squid/squid.conf")
+            if line.strip() and not line.strip().startswith(("#", "http_port", "coredump_dir", "include"))]
+    keep += [f"http_port 127.0.0.1:{port}", f"pid_filename {d}/squid.pid", f"access_log stdio:{d}/access.log",
+             f"cache_log {d}/cache.log", "cache_store_log none", "cache deny all", f"coredump_dir {d}",
+             "logfile_rotate 0", "shutdown_lifetime 0 seconds", "visible_hostname pickup-bench"]
+    conf = os.path.join(d, "squid.conf")
+    with open(conf, "w") as f:
+        f.write("\n".join(keep) + "\n")
+    proc = subprocess.Popen([squid, "-N", "-f", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("squid did not start: " + open(f"{d}/cache.log").read()[-2000:])
+
+
 def run(cmd, env=None):
     """Runs a command; returns (wall seconds, cpu seconds, peak RSS in MiB, exit status)."""
     start = time.monotonic()
@@ -78,20 +107,22 @@ def run(cmd, env=None):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
 
 
-def tools(pickup, conns, url, out, baseline=None):
+def tools(pickup, conns, url, out, baseline=None, proxy=None):
     d, name = os.path.dirname(out), os.path.basename(out)
-    t = {"pickup": [pickup, "get", url, "-o", out, "-q", "--overwrite", "-x", str(conns)]}
+    via = ["--proxy", proxy] if proxy else []
+    t = {"pickup": [pickup, "get", url, "-o", out, "-q", "--overwrite", "-x", str(conns)] + via}
     if baseline:
         t["pickup-before"] = [baseline] + t["pickup"][1:]
     if shutil.which("aria2c"):
         t["aria2c"] = ["aria2c", "-q", f"-x{conns}", f"-s{conns}", "-k1M", "--file-allocation=none",
-                       "--allow-overwrite=true", "--auto-file-renaming=false", "-d", d, "-o", name, url]
-    if shutil.which("axel"):
+                       "--allow-overwrite=true", "--auto-file-renaming=false", "-d", d, "-o", name, url] \
+            + ([f"--all-proxy={proxy}"] if proxy else [])
+    if shutil.which("axel") and not proxy:
         t["axel"] = ["axel", "-q", "-n", str(conns), "-o", out, url]
     if conns == 1:
-        t["curl"] = ["curl", "-sS", "-o", out, url]
+        t["curl"] = ["curl", "-sS", "-o", out, url] + (["-x", proxy] if proxy else [])
         if shutil.which("wget"):
-            t["wget"] = ["wget", "-q", "-O", out, url]
+            t["wget"] = ["wget", "-q", "-O", out, url] + (["-e", "use_proxy=yes", "-e", f"http_proxy={proxy}"] if proxy else [])
     return t
 
 
@@ -135,7 +166,7 @@ def main():
             sizes[f"limit-{rate}.bin"] = rate * LIMIT_SECONDS
     if {"throttled", "skewed"} & set(wanted):
         sizes["256m.bin"] = 256 * MiB
-    if {"single", "multi"} & set(wanted):
+    if {"single", "multi", "squid"} & set(wanted):
         sizes["1g.bin"] = 1024 * MiB
     digests = {}
     for name, size in sizes.items():
@@ -148,11 +179,17 @@ def main():
     port = free_port()
     nginx = start_nginx(work, site, port)
     base_url = f"http://127.0.0.1:{port}"
+    squid = None
+    if "squid" in wanted:
+        squid_url = f"http://127.0.0.1:{free_port()}"
+        squid = start_squid(work, int(squid_url.rsplit(":", 1)[1]))
     cases = {
         "throttled": ("per-connection limit 20 MiB/s, 256 MiB, 16 connections", "/throttled/256m.bin", 16,
                       256 / (16 * 20)),
         "single": ("unthrottled loopback, 1 GiB, 1 connection", "/1g.bin", 1, None),
         "multi": ("unthrottled loopback, 1 GiB, 16 connections", "/1g.bin", 16, None),
+        "squid": ("through Squid (Debian's default rules) on loopback, plain http in absolute form, 1 GiB, 1 connection",
+                  "/1g.bin", 1, None),
         # Ideal: the slow connection (2 MiB/s) and 15 fast ones (20 MiB/s) share the file.
         "skewed": ("one connection 10x slower (2 vs 20 MiB/s), 256 MiB, 16 connections", "/skewed/256m.bin", 16,
                    256 / (15 * 20 + 2)),
@@ -184,7 +221,8 @@ def main():
                 # Alternating tools and file systems, so that neither order nor drift favours one.
                 for fs, d in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
                     out = os.path.join(d, name)
-                    cmds = tools(args.pickup, conns, base_url + path, out, args.baseline)
+                    cmds = tools(args.pickup, conns, base_url + path, out, args.baseline,
+                                 proxy=squid_url if key == "squid" else None)
                     order = list(cmds)
                     for tool in (order if i % 2 == 0 else list(reversed(order))):
                         clear(d)
@@ -199,6 +237,9 @@ def main():
     finally:
         nginx.kill()
         nginx.wait()
+        if squid:
+            squid.kill()
+            squid.wait()
         shutil.rmtree(work, ignore_errors=True)
         for d in outdirs.values():
             shutil.rmtree(d, ignore_errors=True)

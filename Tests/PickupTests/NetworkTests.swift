@@ -115,6 +115,29 @@ struct AbsoluteFormTests {
     }
 }
 
+extension AbsoluteFormTests {
+    /// Through a proxy, reads wait for a batch of the body (`SO_RCVLOWAT`); a sender slower than
+    /// a batch per stall timeout must still count as alive, not stalled.
+    @Test func aSlowSenderThroughAProxyIsNotTakenForAStall() async throws {
+        let proxy = try ProxyProcess(.tinyproxy)
+        defer { proxy.stop() }
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 96 << 10, seed: 47)
+        server.set("/trickle.bin", Resource(body: body, bytesPerSecond: 32 << 10))
+        let state = TempDir(), dir = TempDir()
+        let result = try await CLI.offPool {
+            try CLI.capture(["get", server.url("/trickle.bin"), "-o", dir.file("t").string, "-x", "1", "--stall-timeout", "1",
+                             "--proxy", proxy.url], state: state.path)
+        }
+        #expect(result.status == 0, "\(result.err)")
+        #expect(!result.err.contains("stalled"), "\(result.err)")
+        let same = dir.read("t") == body
+        #expect(same)
+        #expect(server.requests("/trickle.bin").count == 1)
+    }
+}
+
 /// Pure parts of the proxy transport: hostile answers never trap.
 @Suite struct ProxyParsingTests {
     @Test func statusLinesOfCONNECTAnswers() {

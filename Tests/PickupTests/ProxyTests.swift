@@ -142,4 +142,25 @@ struct DaemonProxyTests {
         _ = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(nil)))
         #expect(try await f.client.settings().proxy == nil)
     }
+
+    @Test func absoluteFormByDefaultAndTheTunnelSetting() async throws {
+        let proxy = try ProxyProcess(.tinyproxy)
+        defer { proxy.stop() }
+        let f = try await DaemonFixture()
+        defer { Task { await f.close() } }
+        f.server.set("/t1.bin", Resource(body: [1, 2, 3]))
+        f.server.set("/t2.bin", Resource(body: [4, 5, 6]))
+        _ = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(proxy.url)))
+        let a = try await f.client.add(APIAddRequest(url: f.server.url("/t1.bin")))
+        try await f.waitUntil { $0[a.id]?.state == "completed" }
+        #expect(proxy.absoluteFormRequests(to: f.server.port) == 1, "\(proxy.log)")
+        // proxyTunnel: http through CONNECT too, saved with the settings.
+        let set = try await f.client.update(APISettingsPatch(proxyTunnel: Optional<Bool?>.some(true)))
+        #expect(set.proxyTunnel == true)
+        let b = try await f.client.add(APIAddRequest(url: f.server.url("/t2.bin")))
+        try await f.waitUntil { $0[b.id]?.state == "completed" }
+        #expect(proxy.log.contains("CONNECT 127.0.0.1:\(f.server.port)"), "\(proxy.log)")
+        #expect(proxy.absoluteFormRequests(to: f.server.port) == 1)
+        #expect(try await f.api(.PATCH, "/settings", body: #"{"proxyTunnel":"yes"}"#).status == 400)
+    }
 }

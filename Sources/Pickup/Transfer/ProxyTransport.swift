@@ -131,7 +131,7 @@ final class ProxyTransport: Sendable {
         let channel = conn.channel
         let promise = channel.eventLoop.makePromise(of: Void.self)
         let exchange = ProxyClientHandler.Exchange(head: head, sink: sink, promise: promise, stall: stall,
-                                                   headTimeout: headTimeout, forward: forward)
+                                                   headTimeout: headTimeout, forward: forward, batchReads: !(key.tunnel?.tls ?? false))
         let handler = conn.handler
         channel.eventLoop.execute {
             handler.value.start(exchange) { [weak self] in self?.release(Idle(channel: channel, handler: handler), key: key) }
@@ -274,7 +274,18 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
         let headTimeout: TimeAmount
         /// Absolute form: a refusal can come from the proxy itself.
         let forward: Bool
+        /// Whether reads may wait for a batch of the body (`SO_RCVLOWAT`): not under TLS, whose
+        /// records do not map bytes on the wire to body bytes.
+        let batchReads: Bool
     }
+
+    /// A proxy forwards the body in small pieces (Squid: 16 KiB): woken for each, the process
+    /// would spend more on wake-ups than on bytes. While at least this many body bytes are still
+    /// to come, the socket wakes the loop only once this many are there (`SO_RCVLOWAT`; never
+    /// more than what is left, so the end of a response is never held back).
+    static let readBatch = 64 << 10
+    private var remaining: Int64 = 0
+    private var lowWater: Int32 = 1
 
     private var context: ChannelHandlerContext?
     private var exchange: Exchange?
@@ -321,6 +332,8 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
         receivedAny = false
         gotHead = false
         keepAlive = false
+        remaining = 0
+        setLowWater(1)
         context.write(wrapOutboundOut(.head(exchange.head)), promise: nil)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         arm(context, at: sent + min(exchange.stall, exchange.headTimeout))
@@ -335,6 +348,13 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
             if self.pause != nil {
                 self.arm(context, at: now + exchange.stall)
                 return
+            }
+            if self.lowWater > 1, now >= self.lastRead + exchange.stall {
+                // Fewer bytes than a batch within the stall timeout: a slow sender. Wake for every
+                // byte from now on in this response, and give it another stall period.
+                self.setLowWater(1)
+                self.remaining = 0
+                self.lastRead = now
             }
             let stallAt = self.lastRead + exchange.stall
             let headAt = self.gotHead ? NIODeadline.distantFuture : self.sent + exchange.headTimeout
@@ -354,6 +374,11 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .head(let head):
             gotHead = true
             keepAlive = head.isKeepAlive
+            if exchange.batchReads, !head.headers[canonicalForm: "Transfer-Encoding"].contains(where: { $0.lowercased() == "chunked" }),
+                let length = head.headers.first(name: "Content-Length").flatMap({ Int64($0) }), length > Int64(Self.readBatch) {
+                remaining = length
+                setLowWater(Int32(Self.readBatch))
+            }
             if exchange.forward, let refusal = Self.proxyRefusal(head) {
                 fail(refusal)
                 return
@@ -364,6 +389,10 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
                 fail(error)
             }
         case .body(let buffer):
+            if lowWater > 1 {
+                remaining -= Int64(buffer.readableBytes)
+                if remaining < Int64(lowWater) { setLowWater(Int32(clamping: max(1, remaining))) }
+            }
             do {
                 let seconds = try buffer.withUnsafeReadableBytes { try exchange.sink.receiveBody($0) }
                 if seconds > 0, pause == nil {
@@ -379,6 +408,13 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
         case .end:
             finish(nil, keep: keepAlive)
         }
+    }
+
+    /// `SO_RCVLOWAT` on the socket (a system call only when it changes: a few times per response).
+    private func setLowWater(_ bytes: Int32) {
+        guard bytes != lowWater, let options = context?.channel.syncOptions else { return }
+        lowWater = bytes
+        try? options.setOption(ChannelOptions.socketOption(NIOBSDSocket.Option(rawValue: SO_RCVLOWAT)), value: Int(bytes))
     }
 
     private func endPause() {
@@ -415,6 +451,8 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
         let release = self.release
         self.release = nil
+        // A kept connection's next response head must not wait for a batch.
+        setLowWater(1)
         if let error {
             context?.close(promise: nil)
             exchange.promise.fail(error)

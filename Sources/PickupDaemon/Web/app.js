@@ -126,7 +126,8 @@ function handle(name, data) {
       break;
     case "progress": {
       const d = downloads.get(data.id);
-      if (d) { Object.assign(d, data); dirty.add(d.id); }
+      // A field a progress event leaves out is gone (stallTimeout once the server is quick again).
+      if (d) { Object.assign(d, { stallTimeout: undefined }, data); dirty.add(d.id); }
       break;
     }
     case "totals": totals = data; break;
@@ -197,6 +198,7 @@ function drawItem(li, d) {
   if (d.state === "running") {
     parts.push(formatBytes(d.bytesPerSecond) + "/s");
     if (d.secondsLeft != null) parts.push(formatDuration(d.secondsLeft) + " left");
+    if (d.stallTimeout != null) parts.push("slow server: waiting up to " + formatDuration(d.stallTimeout) + " for data");
   }
   li.querySelector(".numbers").textContent = parts.join(" · ");
   li.querySelector(".pause").hidden = !(d.state === "running" || d.state === "waiting");
