@@ -121,6 +121,9 @@ def tools(pickup, conns, url, out, baseline=None, proxy=None):
         t["axel"] = ["axel", "-q", "-n", str(conns), "-o", out, url]
     if conns == 1:
         t["curl"] = ["curl", "-sS", "-o", out, url] + (["-x", proxy] if proxy else [])
+        if proxy:
+            # What Pickup does on top: the bytes made durable before the file counts as done.
+            t["curl + fsync"] = ["sh", "-c", f"curl -sS -o '{out}' -x '{proxy}' '{url}' && sync '{out}'"]
         if shutil.which("wget"):
             t["wget"] = ["wget", "-q", "-O", out, url] + (["-e", "use_proxy=yes", "-e", f"http_proxy={proxy}"] if proxy else [])
     return t

@@ -237,6 +237,27 @@ extension AbsoluteFormTests {
         #expect(ranged.allSatisfy { $0.headers["if-range"] != nil })
     }
 
+    @Test func theSameBytesUnderAnotherETagAreNotSavedTwice() async throws {
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 300_000, seed: 48)
+        server.set("/same.bin", Resource(body: body, etag: "\"server-a\""))
+        let state = TempDir(), dir = TempDir()
+        let first = try await CLI.offPool { try CLI.run(["get", server.url("/same.bin"), "-d", dir.path.string, "-q"], state: state.path) }
+        #expect(first == 0)
+        // Another server behind the same name: the same bytes, its own ETag.
+        server.set("/same.bin", Resource(body: body, etag: "\"server-b\""))
+        let again = try await CLI.offPool { try CLI.capture(["get", server.url("/same.bin"), "-d", dir.path.string], state: state.path) }
+        #expect(again.status == 0, "\(again.err)")
+        #expect(again.err.contains("the bytes did not"), "\(again.err)")
+        #expect(dir.entries == ["same.bin"], "\(dir.entries)")
+        // Other bytes are a new version, saved beside it.
+        server.set("/same.bin", Resource(body: Resource.bytes(count: 300_000, seed: 49), etag: "\"server-c\""))
+        let changed = try await CLI.offPool { try CLI.run(["get", server.url("/same.bin"), "-d", dir.path.string, "-q"], state: state.path) }
+        #expect(changed == 0)
+        #expect(dir.entries.sorted() == ["same (1).bin", "same.bin"], "\(dir.entries)")
+    }
+
     @Test func aSlowFirstByteMakesTheNextAttemptMorePatient() async throws {
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }

@@ -40,11 +40,13 @@ extension FileDownload {
     /// Every byte is held: verify, record, rename into place, clean up. On the blocking-I/O pool,
     /// after any checkpoint in flight: the data is made durable before the rename, so that after a
     /// power loss the final name never holds missing bytes.
-    func finish(file: PartialFile) throws -> (FilePath, Int64, ExpectedDigest?) {
-        try ioLock.withLock { try finishLocked(file: file) }
+    /// `previous`: the finished file a conditional request asked about, when this run fetched
+    /// the file again because the server did not confirm it.
+    func finish(file: PartialFile, previous: (FilePath, CompletionRecord)? = nil) throws -> (FilePath, Int64, ExpectedDigest?) {
+        try ioLock.withLock { try finishLocked(file: file, previous: previous) }
     }
 
-    private func finishLocked(file: PartialFile) throws -> (FilePath, Int64, ExpectedDigest?) {
+    private func finishLocked(file: PartialFile, previous: (FilePath, CompletionRecord)?) throws -> (FilePath, Int64, ExpectedDigest?) {
         let size = try lock.withLock { () throws -> Int64 in
             let size = record.totalLength ?? heldBytes()
             guard heldBytes() == size else {
@@ -73,6 +75,22 @@ extension FileDownload {
                         + "the bytes are kept in \(partialPath) (run with --restart to fetch them again)")
             }
             verified = expected
+        }
+        // The server did not confirm the finished file (other validators: a load balancer whose
+        // servers each have their own ETag, a file touched but not changed) yet sent the same
+        // bytes: one copy per version, so the new copy goes and the finished file stays.
+        // (A run that resumed such a download after a kill finds that file by its record.)
+        let prior = request.overwrite ? nil : previous ?? store.lookup(url: request.url, in: dir, name: fixedName)
+        if let (path, old) = prior, old.length == size, let oldName = path.lastComponent?.string, oldName != partialName,
+            Self.sameBytes(file, as: oldName, in: dir, length: size)
+        {
+            onEvent(.notice("the server's validators changed but the bytes did not: \(path) is kept as it is"))
+            try? file.truncate(to: 0)
+            dir.remove(partialName)
+            if lock.withLock({ state.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
+            if lock.withLock({ cursorFile != nil }) { dir.remove(cursorName) }
+            dir.sync()
+            return (path, size, verified)
         }
         // The target is always a name in this run's directory (a control file from elsewhere
         // cannot point outside it).
@@ -114,6 +132,25 @@ extension FileDownload {
             if case .targetExists = error { return false }
             throw error
         }
+    }
+
+    /// Whether the file `name` in `dir` holds exactly the open partial file's `length` bytes
+    /// (compared in 1 MiB blocks; false on any error).
+    static func sameBytes(_ file: PartialFile, as name: String, in dir: DirectoryHandle, length: Int64) -> Bool {
+        guard dir.size(name) == length, let other = try? dir.openFile(name, write: false) else { return false }
+        defer { try? other.close() }
+        let a = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        let b = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { a.deallocate(); b.deallocate() }
+        var offset: Int64 = 0
+        while offset < length {
+            guard let n = try? file.fd.read(fromAbsoluteOffset: offset, into: a), n > 0,
+                let m = try? other.read(fromAbsoluteOffset: offset, into: UnsafeMutableRawBufferPointer(rebasing: b[0..<n])), m == n,
+                memcmp(a.baseAddress!, b.baseAddress!, n) == 0
+            else { return false }
+            offset += Int64(n)
+        }
+        return true
     }
 
     /// The digest of the open partial file, read from its start in 1 MiB blocks.

@@ -162,7 +162,7 @@ final class FileDownload: @unchecked Sendable {
             }
             let (path, size, digest) = try await BlockingIO.run {
                 defer { self.end(file) }
-                return try self.finish(file: file)
+                return try self.finish(file: file, previous: conditional)
             }
             return DownloadResult(outcome: .downloaded, path: path, size: size,
                                   bytesTransferred: transferred.load(ordering: .relaxed),
