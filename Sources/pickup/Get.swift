@@ -16,7 +16,7 @@ struct Get: AsyncParsableCommand {
             Interrupt it any way you like and run the same command again to continue.
             """)
 
-    @Argument(help: "The http or https URL to download (or use -i).")
+    @Argument(help: "The http, https or ftp URL to download (or use -i).")
     var url: String?
 
     @Option(name: [.short, .customLong("input-file")], help: ArgumentHelp(

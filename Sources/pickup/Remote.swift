@@ -63,7 +63,7 @@ enum Remote {
 struct Add: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "add", abstract: "Add downloads to the running daemon.")
 
-    @Argument(help: "http or https URLs.") var urls: [String]
+    @Argument(help: "http, https or ftp URLs.") var urls: [String]
     @Option(name: [.customShort("o"), .customLong("output")], help: ArgumentHelp(
         "File name (or relative path) inside the daemon's download root; one URL only.", valueName: "name"))
     var name: String?

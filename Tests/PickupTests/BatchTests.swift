@@ -22,7 +22,7 @@ import TestServer
     }
 
     @Test(arguments: [
-        ("ftp://h/a", "input line 1: not an http or https URL: ftp://h/a"),
+        ("gopher://h/a", "input line 1: not an http, https or ftp URL: gopher://h/a"),
         ("http://h/a out=../x", "input line 1: out=../x is not a plain file name"),
         ("http://h/a out=d/x", "input line 1: out=d/x is not a plain file name"),
         ("http://h/a dir=/tmp", "input line 1: unknown option dir (out, header, checksum, user-agent, referer)"),

@@ -213,7 +213,7 @@ func heldAfterKill(_ out: FilePath) -> (durable: Int64, written: Int64) {
     @Test func exitCodesAreDocumentedOnes() async throws {
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()
-        #expect(try CLI.run(["get", "ftp://example.com/x", "-d", dir.path.string], state: state.path) == 2)
+        #expect(try CLI.run(["get", "gopher://example.com/x", "-d", dir.path.string], state: state.path) == 2)
         #expect(try CLI.run(["get", server.url("/x"), "-o", "a", "-d", "b"], state: state.path) == 2)
         #expect(try CLI.run(["get", server.url("/x"), "-d", ""], state: state.path) == 2)
         #expect(try CLI.run(["get", server.url("/x"), "--checksum", "sha-256=zz"], state: state.path) == 2)

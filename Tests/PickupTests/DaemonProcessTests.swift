@@ -168,7 +168,7 @@ struct ServeProcess {
         watch.waitUntilExit()
         #expect(root.read("c.bin") == nil)
         // Refused by the daemon: 2; no such download: 2; bad usage: 2.
-        #expect(try CLI.run(["add", "ftp://x/y"] + s, state: state.path) == 2)
+        #expect(try CLI.run(["add", "gopher://x/y"] + s, state: state.path) == 2)
         #expect(try CLI.run(["pause", "42"] + s, state: state.path) == 2)
         #expect(try CLI.run(["pause"] + s, state: state.path) == 2)
         _ = daemon.signal(SIGTERM)

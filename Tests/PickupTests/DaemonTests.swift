@@ -223,7 +223,7 @@ final class DaemonFixture: @unchecked Sendable {
             (.POST, "/downloads", #"{"url":"http://x/a","priority":"high"}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","prioirty":1}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","priority":9223372036854775807}"#, 400, "bad_request"),
-            (.POST, "/downloads", #"{"url":"ftp://x/a"}"#, 400, "bad_request"),
+            (.POST, "/downloads", #"{"url":"gopher://x/a"}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","connections":99}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","checksum":"sha-256=zz"}"#, 400, "bad_request"),
             (.POST, "/downloads", #"{"url":"http://x/a","pad":""# + String(repeating: "x", count: 100_000) + "\"}", 413, "payload_too_large"),

@@ -55,6 +55,13 @@ struct SplitMix: RandomNumberGenerator {
             let candidate = Self.url(&rng)
             if (try? DownloadURL.check(candidate)) != nil {
                 accepted += 1
+                if candidate.lowercased().hasPrefix("ftp:") {
+                    // FTP's own parsing: an error or a target, never a trap.
+                    if let target = try? FTPTransport.target(candidate, headers: []) {
+                        #expect((1...65535).contains(target.port), "\(candidate)")
+                    }
+                    continue
+                }
                 let request = try HTTPClient.Request(url: candidate)
                 #expect((1...65535).contains(request.port), "\(candidate)")
                 #expect(!DownloadURL.redacted(candidate).contains("secret"))

@@ -312,8 +312,8 @@ extension DownloadManager {
     @Test func badInputIsRefusedWithAClearError() async throws {
         let f = try await ManagerFixture()
         let m = try f.manager()
-        let error = await #expect(throws: PickupError.self) { try await m.add("ftp://x/y", to: .directory(f.dir.path)) }
-        #expect(error?.description == "not an http or https URL: ftp://x/y")
+        let error = await #expect(throws: PickupError.self) { try await m.add("gopher://x/y", to: .directory(f.dir.path)) }
+        #expect(error?.description == "not an http, https or ftp URL: gopher://x/y")
         #expect(error?.category == .usage)
         await #expect(throws: PickupError.self) { try await m.pause(DownloadID(rawValue: 42)) }
         await m.shutdown()

@@ -218,7 +218,8 @@ extension AbsoluteFormTests {
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
         let body = Resource.bytes(count: 8 << 20, seed: 45)
-        var r = Resource(body: body, bytesPerSecond: 2 << 20)
+        // The first response stalls after 2 MiB: the kill comes while it waits, not in a race.
+        var r = Resource(body: body, faults: [.stallAfter(2 << 20)])
         r.backendETags = ["\"a-1\"", "\"b-2\""]
         server.set("/k.bin", r)
         let state = TempDir(), dir = TempDir()
@@ -227,7 +228,6 @@ extension AbsoluteFormTests {
             ((try? FileManager.default.attributesOfItem(atPath: part.string)[.size] as? Int) ?? 0) > 1 << 20
         }
         #expect(killed)
-        server.update("/k.bin") { $0.bytesPerSecond = nil }
         let code = try await CLI.offPool {
             try CLI.run(["get", server.url("/k.bin"), "-o", dir.file("k.bin").string, "-q", "-x", "4"], state: state.path)
         }

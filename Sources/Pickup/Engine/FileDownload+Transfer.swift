@@ -248,7 +248,7 @@ extension FileDownload {
                 // dropped when another response replaced every held byte): decided below.
             } catch let e as TransportError {
                 switch e {
-                case .fatal, .protocolViolation: throw e.failure
+                case .fatal, .protocolViolation, .refused: throw e.failure
                 case .transient(let m): failure = m
                 case .stalled:
                     failure = e.message

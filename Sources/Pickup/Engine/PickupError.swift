@@ -77,6 +77,7 @@ extension TransportError {
         case .stalled: .network(message)
         case .proxyRefused(let status, _) where status >= 500: .network(message)
         case .proxyRefused(let status, _): .server(status: status, message)
+        case .refused(let m): .server(status: nil, m)
         }
     }
 
@@ -88,7 +89,7 @@ extension TransportError {
     /// In words.
     var message: String {
         switch self {
-        case .fatal(let m), .transient(let m), .protocolViolation(let m): m
+        case .fatal(let m), .transient(let m), .protocolViolation(let m), .refused(let m): m
         case .unresolved(let host): "cannot resolve \(host)"
         case .stalled(let seconds): "stalled: no data for \(Self.seconds(seconds))"
         case .proxyRefused(407, _):

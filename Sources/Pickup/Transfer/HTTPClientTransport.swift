@@ -58,6 +58,8 @@ public final class HTTPClientTransport: Transport {
     let configuration: HTTPClient.Configuration
     /// Requests through HTTP proxies (absolute form, or CONNECT tunnels).
     let viaProxy: ProxyTransport
+    /// `ftp://` requests.
+    let ftp: FTPTransport
     let proxies: ProxyRules
     /// The event loops, which ``FetchRequest/lane`` picks from.
     let loops: [any EventLoop]
@@ -109,6 +111,7 @@ public final class HTTPClientTransport: Transport {
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
         viaProxy = ProxyTransport(loops: loops, tls: tls, connectTimeout: options.connectTimeout, headTimeout: headTimeout,
                                   budget: budget, userAgent: options.userAgent)
+        ftp = FTPTransport(loops: loops, connectTimeout: options.connectTimeout, replyTimeout: headTimeout, budget: budget)
     }
 
     public func stallTimeout(patience: Int) -> Double? {
@@ -156,6 +159,18 @@ public final class HTTPClientTransport: Transport {
     }
 
     public func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
+        if request.url.utf8.starts(with: "ftp://".utf8) || request.url.lowercased().hasPrefix("ftp://") {
+            let stall = TimeAmount.milliseconds(Int64((stallTimeout(patience: request.patience) ?? stallTimeout) * 1000))
+            budget.inFlight.wrappingIncrement(ordering: .relaxed)
+            defer { budget.inFlight.wrappingDecrement(ordering: .relaxed) }
+            do {
+                try await ftp.fetch(request, into: sink, stall: stall)
+            } catch {
+                try Task.checkCancellation()
+                throw Self.classify(error)
+            }
+            return
+        }
         var headers = defaultHeaders
         for (name, value) in request.headers {
             // The user's User-Agent or Accept replaces ours; any other field is added as given.

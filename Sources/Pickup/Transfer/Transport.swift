@@ -1,6 +1,6 @@
 /// A GET to send: the URL and extra header fields (Range, If-Range, conditionals).
 public struct FetchRequest: Sendable {
-    /// Absolute http or https URL.
+    /// Absolute http, https or ftp URL.
     public var url: String
     /// Header fields to add to the transport's defaults.
     public var headers: [(name: String, value: String)]
@@ -51,6 +51,9 @@ public enum TransportError: Error, Sendable, Equatable {
     /// The proxy itself answered with this status instead of forwarding the request (a CONNECT
     /// refused, a 407, an error the proxy marks as its own).
     case proxyRefused(status: Int, reason: String)
+    /// The server refused in words that retrying will not change (an FTP login refused, a file
+    /// that is not there, a directory): said as it is.
+    case refused(String)
 }
 
 /// Sends GET requests and streams their responses into a sink. The engine depends only on this,
