@@ -162,3 +162,45 @@ struct FTPTests {
         #expect(dir.entries == ["y.bin"], "a refused download left files: \(dir.entries)")
     }
 }
+
+/// Against vsftpd (Debian's package, installed by .ci/run; it must start as root): FTPS with
+/// explicit TLS, certificates verified, and its `require_ssl_reuse` said in words.
+@Suite(.serialized, .enabled(if: VsftpdProcess.binary != nil && FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"),
+                             "vsftpd or openssl missing, or not root"))
+struct FTPSTests {
+    @Test func explicitTLSVerifiedAsForHTTPS() async throws {
+        let site = TempDir(), keys = TempDir(), dir = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 2 << 20, seed: 61)
+        site.write("s.bin", body)
+        chmod(site.file("s.bin").string, 0o644)
+        let (cert, key) = try makeLoopbackCertificate(in: keys)
+        let ftp = try VsftpdProcess(root: site.path.string, certificate: (cert, key))
+        defer { ftp.stop() }
+        let (unknown, trusted, plain) = try await CLI.offPool {
+            (try CLI.capture(["get", ftp.url("/s.bin", secure: true), "-o", dir.file("a").string, "--retries", "1"], state: state.path),
+             try CLI.capture(["get", ftp.url("/s.bin", secure: true), "-o", dir.file("b").string, "-x", "3", "--ca-certificate", cert],
+                             state: state.path),
+             try CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("c").string], state: state.path))
+        }
+        #expect(unknown.status == 3 && unknown.err.contains("TLS"), "an unknown CA is refused: \(unknown.err)")
+        #expect(trusted.status == 0, "\(trusted.err) \(ftp.log)")
+        #expect(plain.status == 0, "\(plain.err) \(ftp.log)")
+        let same = dir.read("b") == body && dir.read("c") == body
+        #expect(same)
+        #expect(ftp.log.contains("AUTH TLS"), "\(ftp.log)")
+    }
+
+    @Test func aServerThatRequiresTLSSessionReuseIsRefusedInWords() async throws {
+        let site = TempDir(), keys = TempDir(), dir = TempDir(), state = TempDir()
+        site.write("r.bin", Resource.bytes(count: 100_000, seed: 62))
+        chmod(site.file("r.bin").string, 0o644)
+        let (cert, key) = try makeLoopbackCertificate(in: keys)
+        let ftp = try VsftpdProcess(root: site.path.string, certificate: (cert, key), requireSSLReuse: true)
+        defer { ftp.stop() }
+        let result = try await CLI.offPool {
+            try CLI.capture(["get", ftp.url("/r.bin", secure: true), "-o", dir.file("r").string, "--ca-certificate", cert], state: state.path)
+        }
+        #expect(result.status == 4, "\(result.err) \(ftp.log)")
+        #expect(result.err.contains("require_ssl_reuse"), "\(result.err)")
+    }
+}

@@ -15,7 +15,9 @@ import TestServer
 /// the rename); sometimes puts the file behind a load balancer whose servers each have their own
 /// strong ETag, sometimes makes every response slow to send its first byte (with a short stall
 /// timeout, so that runs must grow more patient), sometimes goes through Squid (when installed)
-/// in absolute form; then runs to the end, and once more. The invariants:
+/// in absolute form, sometimes fetches the file over FTP from pyftpdlib (when installed: its
+/// validator is SIZE and MDTM, a change rewrites the file with a later time); then runs to the
+/// end, and once more. The invariants:
 /// - no process ends by a signal other than the test's SIGKILL;
 /// - a run that ends by itself exits 0, or 6 when a fault was injected into it;
 /// - exit 0 means the file holds exactly the server's current bytes;
@@ -58,6 +60,9 @@ struct TortureTests {
         let server = try await TestServer.start()
         let squid = SquidProcess.binary == nil ? nil : try? SquidProcess()
         defer { squid?.stop() }
+        let ftpRoot = TempDir()
+        let ftp = FTPServerProcess.python == nil ? nil : try? FTPServerProcess(root: ftpRoot.path.string, bytesPerSecond: 1 << 20)
+        defer { ftp?.stop() }
         let stats = TortureStats()
         var seeds = Self.fixedSeeds + (0..<trials).map { seed &+ UInt64($0) &* 0x9E37_79B9 }
         // One trial alone, by the seed its failure printed.
@@ -69,7 +74,10 @@ struct TortureTests {
                 guard next < seeds.count else { return }
                 let (index, trialSeed) = (next, seeds[next])
                 next += 1
-                group.addTask { try await Self.trial(index, seed: trialSeed, server: server, proxy: squid?.url, stats: stats) }
+                group.addTask {
+                    try await Self.trial(index, seed: trialSeed, server: server, proxy: squid?.url,
+                                         ftp: ftp.map { ($0, ftpRoot) }, stats: stats)
+                }
             }
             add()
             add()
@@ -80,7 +88,8 @@ struct TortureTests {
     }
 
     /// One trial; every failed expectation names its seed.
-    static func trial(_ index: Int, seed: UInt64, server: TestServer, proxy: String?, stats: TortureStats) async throws {
+    static func trial(_ index: Int, seed: UInt64, server: TestServer, proxy: String?, ftp: (FTPServerProcess, TempDir)?,
+                      stats: TortureStats) async throws {
         var random = SplitMix(state: seed)
         func pick(_ n: Int) -> Int { Int(random.next() % UInt64(n)) }
         let kind = ValidatorKind.allCases[pick(4)]
@@ -102,15 +111,17 @@ struct TortureTests {
             return "\(op)=\(error)@\(after)"
         }()
         // Picked after the rest, so that the fixed seeds replay the trials they were found with.
-        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid }
+        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid, overFTP }
         let behaviour: Behaviour = switch pick(8) {
         case 0 where kind == .strongETag: .loadBalanced
         case 1: .slowFirstByte
         case 2 where proxy != nil: .throughSquid
+        case 3 where ftp != nil: .overFTP
         default: .plain
         }
         let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
         let path = "/t\(index)"
+        stats.behaviour(behaviour.rawValue)
         let started = Date()
         defer { stats.took(Date().timeIntervalSince(started), label) }
 
@@ -126,16 +137,26 @@ struct TortureTests {
             switch behaviour {
             case .loadBalanced: r.backendETags = ["\"v\(version)-a\"", "\"v\(version)-b\"", "\"v\(version)-c\""]
             case .slowFirstByte: r.firstByteDelay = 0.4
-            case .plain, .throughSquid: break
+            case .plain, .throughSquid, .overFTP: break
             }
             return r
         }
+        /// Serves `version`: from the test server, or as the FTP server's file (a change rewrites it
+        /// with a later modification time, as a mirror's sync would).
+        func publish(_ version: Int) throws {
+            guard behaviour == .overFTP, let (_, root) = ftp else { return server.set(path, resource(version: version)) }
+            let file = root.file("t\(index).bin").string
+            root.write("t\(index).bin", resource(version: version).body)
+            let when = Date(timeIntervalSince1970: 1_790_000_000 + Double(version) * 600)
+            try FileManager.default.setAttributes([.modificationDate: when], ofItemAtPath: file)
+        }
         var version = 1
         var versions = [resource(version: 1).body]
-        server.set(path, resource(version: 1))
+        try publish(1)
         let dir = TempDir(), state = TempDir()
         let out = dir.file("f.bin")
-        var args = ["get", server.url(path), "-o", out.string, "--quiet", "-x", "\(connections)", "--retries", "20"]
+        let url = behaviour == .overFTP ? ftp!.0.url("/t\(index).bin") : server.url(path)
+        var args = ["get", url, "-o", out.string, "--quiet", "-x", "\(connections)", "--retries", "20"]
         if behaviour == .slowFirstByte { args += ["--stall-timeout", "0.25"] }
         if behaviour == .throughSquid, let proxy { args += ["--proxy", proxy] }
         var finished: [String: [UInt8]] = [:]  // final files seen, as they were when first seen
@@ -157,7 +178,7 @@ struct TortureTests {
         for run in 0...kills {
             if run == changeBefore {
                 version += 1
-                server.set(path, resource(version: version))
+                try publish(version)
                 versions.append(resource(version: version).body)
             }
             let last = run == kills
@@ -167,7 +188,11 @@ struct TortureTests {
             let heldBefore = heldAfterKill(out).written
             let p = try CLI.start(args, state: state.path, environment: environment)
             defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-            let sentInRun = { server.requests(path).dropFirst(requestsBefore).reduce(0) { $0 + $1.bytesSent } }
+            // Over FTP the bytes written so far stand for the bytes sent (the kill moments only).
+            let part = FilePath(out.string + SafeFileName.partialSuffix)
+            let sentInRun = behaviour == .overFTP
+                ? { max(0, Int(FS.size(part) ?? 0) - Int(heldBefore)) }
+                : { server.requests(path).dropFirst(requestsBefore).reduce(0) { $0 + $1.bytesSent } }
             var killed = false
             if !last {
                 let began = Date()
@@ -260,6 +285,9 @@ final class TortureStats: @unchecked Sendable {
     private var measured: [Int: Int] = [:]
 
     private var slowest: [(Double, String)] = []
+    private var behaviours: [String: Int] = [:]
+
+    func behaviour(_ name: String) { lock.withLock { behaviours[name, default: 0] += 1 } }
 
     func trial() { lock.withLock { trials += 1 } }
     func took(_ seconds: Double, _ label: String) {
@@ -281,7 +309,8 @@ final class TortureStats: @unchecked Sendable {
         lock.withLock {
             let rows = worst.keys.sorted().map { "\($0) conn: worst \(worst[$0]!) B over \(measured[$0]!) kills" }
             return "torture: \(trials) trials, \(killCount) kills; fetched twice per kill (files over 1 MiB, strong validator, no change): "
-                + rows.joined(separator: "; ") + "\nslowest: " + slowest.map { String(format: "%.1f s ", $0.0) + $0.1 }.joined(separator: "\n")
+                + rows.joined(separator: "; ") + "\ntrials by server behaviour: "
+                + behaviours.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ") + "\nslowest: " + slowest.map { String(format: "%.1f s ", $0.0) + $0.1 }.joined(separator: "\n")
         }
     }
 }

@@ -85,3 +85,69 @@ public final class FTPServerProcess: @unchecked Sendable {
         try? FileManager.default.removeItem(atPath: work)
     }
 }
+
+/// vsftpd from Debian's package on loopback: anonymous, read-only, over `root`, with explicit TLS
+/// (a certificate the test makes) and optionally its `require_ssl_reuse`; a rate per session.
+/// It must start as root (it chroots anonymous sessions).
+public final class VsftpdProcess: @unchecked Sendable {
+    public static var binary: String? {
+        getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/sbin/vsftpd") ? "/usr/sbin/vsftpd" : nil
+    }
+
+    public let port: Int
+    let work: String
+    let process: Process
+
+    public func url(_ path: String, secure: Bool = false) -> String { (secure ? "ftps" : "ftp") + "://127.0.0.1:\(port)" + path }
+
+    public init(root: String, certificate: (String, String)? = nil, requireSSLReuse: Bool = false, bytesPerSecond: Int = 0) throws {
+        guard let binary = Self.binary else { throw NSError(domain: "vsftpd not installed or not root", code: 1) }
+        work = NSTemporaryDirectory() + "pickup-vsftpd-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: work + "/empty", withIntermediateDirectories: true)
+        chmod(work, 0o755)
+        chmod(work + "/empty", 0o755)
+        // The anonymous user reads the files; the root of its chroot must not be writable by it.
+        chmod(root, 0o755)
+        port = try Nginx.freePort()
+        var conf = [
+            "listen=YES", "listen_ipv6=NO", "listen_address=127.0.0.1", "listen_port=\(port)", "background=NO",
+            "anonymous_enable=YES", "anon_root=\(root)", "no_anon_password=YES", "local_enable=NO", "write_enable=NO",
+            "pasv_enable=YES", "seccomp_sandbox=NO", "secure_chroot_dir=\(work)/empty", "ftp_username=ftp",
+            "xferlog_enable=YES", "vsftpd_log_file=\(work)/vsftpd.log", "dual_log_enable=YES", "xferlog_file=\(work)/xfer.log",
+            "log_ftp_protocol=YES", "max_clients=64", "max_per_ip=64",
+        ]
+        if bytesPerSecond > 0 { conf.append("anon_max_rate=\(bytesPerSecond)") }
+        if let (cert, key) = certificate {
+            conf += ["ssl_enable=YES", "allow_anon_ssl=YES", "force_anon_data_ssl=NO", "force_anon_logins_ssl=NO",
+                     "rsa_cert_file=\(cert)", "rsa_private_key_file=\(key)", "require_ssl_reuse=\(requireSSLReuse ? "YES" : "NO")",
+                     "ssl_ciphers=HIGH"]
+        }
+        try conf.joined(separator: "\n").appending("\n").write(toFile: work + "/vsftpd.conf", atomically: true, encoding: .utf8)
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = [work + "/vsftpd.conf"]
+        _ = FileManager.default.createFile(atPath: work + "/out.log", contents: nil)
+        let out = FileHandle(forWritingAtPath: work + "/out.log")
+        process.standardOutput = out
+        process.standardError = out
+        try process.run()
+        let deadline = Date().addingTimeInterval(20)
+        while !Nginx.canConnect(port) {
+            guard Date() < deadline, process.isRunning else { throw NSError(domain: "vsftpd did not start: \(log)", code: 2) }
+            usleep(20_000)
+        }
+    }
+
+    public var log: String {
+        ((try? String(contentsOfFile: work + "/vsftpd.log", encoding: .utf8)) ?? "")
+            + ((try? String(contentsOfFile: work + "/out.log", encoding: .utf8)) ?? "")
+    }
+
+    public func stop() {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        try? FileManager.default.removeItem(atPath: work)
+    }
+}

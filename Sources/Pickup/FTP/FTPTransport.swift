@@ -2,6 +2,8 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import NIOSSL
+import NIOTLS
 
 /// FTP behind the engine's ``Transport``: each request is one control connection (login, `TYPE I`,
 /// `SIZE`, `MDTM`, `EPSV` or `PASV`, `REST`, `RETR`) and one data connection, and its answer is
@@ -16,6 +18,11 @@ import NIOPosix
 /// - a missing file (550), a directory, a refused login (530) are ``TransportError/refused(_:)``;
 ///   421 (too many sessions, shutting down) and other 4xx replies are retried.
 ///
+/// `ftps://` is explicit TLS (RFC 4217): `AUTH TLS`, `PBSZ 0`, `PROT P`, both connections verified
+/// as https is (the same trust roots, `--insecure`). A server that requires the data connection to
+/// resume the control connection's TLS session (vsftpd's `require_ssl_reuse`) is refused in words:
+/// SwiftNIO's TLS has no session resumption to offer.
+///
 /// The data connection goes to the control connection's peer address, whatever a `PASV` reply
 /// names. Its bytes take the per-chunk path of HTTP: the sink's `receiveBody` on the loop, reads
 /// sized by the shared ``ReadBudget``, a speed limit's pause turning reading off.
@@ -24,12 +31,24 @@ final class FTPTransport: Sendable {
     let connectTimeout: TimeAmount
     let replyTimeout: TimeAmount
     let budget: ReadBudget
+    let tls: TLSConfiguration
+    let sslContext = NIOLockedValueBox<NIOSSLContext?>(nil)
 
-    init(loops: [any EventLoop], connectTimeout: Double, replyTimeout: TimeAmount, budget: ReadBudget) {
+    init(loops: [any EventLoop], connectTimeout: Double, replyTimeout: TimeAmount, budget: ReadBudget, tls: TLSConfiguration) {
         self.loops = loops
         self.connectTimeout = .milliseconds(Int64(connectTimeout * 1000))
         self.replyTimeout = replyTimeout
         self.budget = budget
+        self.tls = tls
+    }
+
+    func context() throws -> NIOSSLContext {
+        try sslContext.withLockedValue { c in
+            if let c { return c }
+            let made = try NIOSSLContext(configuration: tls)
+            c = made
+            return made
+        }
     }
 
     /// What a request names: where, who, which file.
@@ -40,12 +59,19 @@ final class FTPTransport: Sendable {
         let password: String
         /// The path as the server is asked for it (percent-decoded; relative to the login directory).
         let path: String
+        /// `ftps://`: explicit TLS on both connections.
+        let secure: Bool
+        /// The name TLS checks the certificate against (nil for an IP address: then the address).
+        var serverName: String? {
+            host.contains(":") || host.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2E }) ? nil : host
+        }
     }
 
     /// Parses an `ftp://` URL; credentials come from `Authorization: Basic` (the engine turns URL
     /// credentials, `-u` and `.netrc` into it, for this origin only), else anonymous.
     static func target(_ url: String, headers: [(name: String, value: String)]) throws(TransportError) -> Target {
-        guard let c = URLComponents(string: url), c.scheme?.lowercased() == "ftp", let rawHost = c.host, !rawHost.isEmpty
+        guard let c = URLComponents(string: url), let scheme = c.scheme?.lowercased(), scheme == "ftp" || scheme == "ftps",
+            let rawHost = c.host, !rawHost.isEmpty
         else { throw .fatal("invalid URL \(DownloadURL.redacted(url))") }
         let host = rawHost.hasPrefix("[") ? String(rawHost.dropFirst().dropLast()) : rawHost
         let port = c.port ?? 21
@@ -67,7 +93,7 @@ final class FTPTransport: Sendable {
         guard !(user + password).utf8.contains(where: { $0 == 0 || $0 == 10 || $0 == 13 }) else {
             throw .fatal("an FTP user name or password cannot hold line breaks")
         }
-        return Target(host: host, port: port, user: user, password: password, path: path)
+        return Target(host: host, port: port, user: user, password: password, path: path, secure: scheme == "ftps")
     }
 
     /// The byte range (nil without a `Range` the engine wrote: `bytes=a-` or `bytes=a-b`) and `If-Range`.
@@ -101,6 +127,18 @@ final class FTPTransport: Sendable {
                                              ifRange: String?, stall: TimeAmount, sink: Sink) async throws {
         var reply = try await control.reply()
         guard reply.code == 220 else { throw Self.failure(reply, doing: "connecting") }
+        if target.secure {
+            reply = try await control.send("AUTH TLS")
+            guard reply.code == 234 else {
+                if reply.kind == 4 { throw Self.failure(reply, doing: "starting TLS") }
+                throw TransportError.refused("the FTP server does not offer TLS (AUTH TLS: \(reply.summary))")
+            }
+            try await control.startTLS(try context(), serverName: target.serverName)
+            for command in ["PBSZ 0", "PROT P"] {
+                reply = try await control.send(command)
+                guard reply.kind == 2 else { throw Self.failure(reply, doing: "protecting the data connection (\(command))") }
+            }
+        }
         reply = try await control.send("USER \(target.user)")
         if reply.code == 331 { reply = try await control.send("PASS \(target.password)", shown: "PASS ***") }
         guard reply.code == 230 || reply.code == 202 else {
@@ -162,7 +200,8 @@ final class FTPTransport: Sendable {
             try sink.receiveHead(ResponseHead(status: 200, headers: headers))
         }
         let data = try await FTPData.connect(to: control.peer, port: dataPort, on: control.channel.eventLoop,
-                                             timeout: connectTimeout, budget: budget)
+                                             timeout: connectTimeout, budget: budget,
+                                             tls: target.secure ? (try context(), target.serverName) : nil)
         defer { data.close() }
         reply = try await control.send("RETR \(target.path)")
         guard reply.kind == 1 || reply.kind == 2 else {
@@ -172,6 +211,15 @@ final class FTPTransport: Sendable {
         let wanted = end.map { $0 - start }
         let received = try await data.stream(into: sink, limit: wanted, stall: stall)
         if let wanted, received < wanted {
+            // The control connection may say why (briefly: a silent server is not waited for).
+            if let why = try? await control.reply(within: .seconds(2)), why.kind == 5 || why.code == 425 || why.code == 426 {
+                if why.code == 522 || why.text.lowercased().contains("reuse") {
+                    throw TransportError.refused("the FTP server requires the data connection to resume the control connection's TLS "
+                        + "session (\(why.summary); vsftpd's require_ssl_reuse), which SwiftNIO's TLS cannot do; the server must allow it "
+                        + "(require_ssl_reuse=NO)")
+                }
+                if why.kind == 5 { throw TransportError.refused("the FTP server stopped the transfer: \(why.summary)") }
+            }
             throw TransportError.transient("the FTP data connection ended after \(received) of \(wanted) bytes")
         }
         if wanted == nil {
@@ -241,10 +289,31 @@ final class FTPControl: Sendable {
         return FTPControl(channel: channel, handler: handler, replyTimeout: replyTimeout, peer: peer)
     }
 
-    /// The next reply (1xx included), within the reply timeout.
-    func reply() async throws -> FTPReply {
+    /// Puts TLS under the control connection (after `AUTH TLS`), verified against `serverName`
+    /// (or the peer's address); returns once the handshake is done.
+    func startTLS(_ context: NIOSSLContext, serverName: String?) async throws {
+        let done = channel.eventLoop.makePromise(of: Void.self)
+        let channel = self.channel
+        channel.eventLoop.execute {
+            do {
+                let tls = try NIOSSLClientHandler(context: context, serverHostname: serverName)
+                try channel.pipeline.syncOperations.addHandler(tls, position: .first)
+                try channel.pipeline.syncOperations.addHandler(TLSReady(done), position: .after(tls))
+            } catch {
+                done.fail(error)
+            }
+        }
+        do {
+            try await done.futureResult.get()
+        } catch {
+            throw HTTPClientTransport.classify(error)
+        }
+    }
+
+    /// The next reply (1xx included), within the reply timeout (or `within`).
+    func reply(within: TimeAmount? = nil) async throws -> FTPReply {
         let promise = channel.eventLoop.makePromise(of: FTPReply.self)
-        let handler = self.handler, timeout = replyTimeout
+        let handler = self.handler, timeout = within ?? replyTimeout
         channel.eventLoop.execute { handler.value.next(promise, within: timeout) }
         return try await promise.futureResult.get()
     }
@@ -364,7 +433,7 @@ final class FTPData: Sendable {
     }
 
     static func connect(to peer: SocketAddress, port: Int, on loop: any EventLoop, timeout: TimeAmount,
-                        budget: ReadBudget) async throws -> FTPData {
+                        budget: ReadBudget, tls: (NIOSSLContext, String?)?) async throws -> FTPData {
         var address = peer
         address.port = port
         let channel: any Channel
@@ -374,7 +443,12 @@ final class FTPData: Sendable {
                 .channelOption(ChannelOptions.autoRead, value: false)
                 .channelOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
                 .channelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(FTPDataHandler()) }
+                    channel.eventLoop.makeCompletedFuture {
+                        if let (context, name) = tls {
+                            try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: context, serverHostname: name))
+                        }
+                        try channel.pipeline.syncOperations.addHandler(FTPDataHandler())
+                    }
                 }
                 .connect(to: address).get()
         } catch {
@@ -491,5 +565,28 @@ final class FTPDataHandler: ChannelInboundHandler, RemovableChannelHandler {
         sink = nil
         if let error { promise.fail(error) } else { promise.succeed(received) }
         context?.close(promise: nil)
+    }
+}
+
+/// Completes a promise when the TLS handshake under it is done (or fails with its error).
+final class TLSReady: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    let done: EventLoopPromise<Void>
+    init(_ done: EventLoopPromise<Void>) { self.done = done }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case .handshakeCompleted? = event as? TLSUserEvent { done.succeed(()) }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        done.fail(error)
+        context.fireErrorCaught(error)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        done.fail(TransportError.transient("the FTP server closed the connection during the TLS handshake"))
+        context.fireChannelInactive()
     }
 }

@@ -22,7 +22,7 @@ public enum DownloadURL {
             throw .invalidInput("the URL has spaces or control characters: \(shown)")
         }
         guard let parsed = URL(string: url), let scheme = parsed.scheme?.lowercased(),
-            scheme == "http" || scheme == "https" || scheme == "ftp", url.contains("://")
+            ["http", "https", "ftp", "ftps"].contains(scheme), url.contains("://")
         else { throw .invalidInput("not an http, https or ftp URL: \(shown)") }
         guard let host = parsed.host, !host.isEmpty else { throw .invalidInput("the URL has no host: \(shown)") }
         if let port = parsed.port, !(1...65535).contains(port) {

@@ -111,7 +111,7 @@ public final class HTTPClientTransport: Transport {
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
         viaProxy = ProxyTransport(loops: loops, tls: tls, connectTimeout: options.connectTimeout, headTimeout: headTimeout,
                                   budget: budget, userAgent: options.userAgent)
-        ftp = FTPTransport(loops: loops, connectTimeout: options.connectTimeout, replyTimeout: headTimeout, budget: budget)
+        ftp = FTPTransport(loops: loops, connectTimeout: options.connectTimeout, replyTimeout: headTimeout, budget: budget, tls: tls)
     }
 
     public func stallTimeout(patience: Int) -> Double? {
@@ -159,7 +159,7 @@ public final class HTTPClientTransport: Transport {
     }
 
     public func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
-        if request.url.utf8.starts(with: "ftp://".utf8) || request.url.lowercased().hasPrefix("ftp://") {
+        if let scheme = request.url.split(separator: ":", maxSplits: 1).first?.lowercased(), scheme == "ftp" || scheme == "ftps" {
             let stall = TimeAmount.milliseconds(Int64((stallTimeout(patience: request.patience) ?? stallTimeout) * 1000))
             budget.inFlight.wrappingIncrement(ordering: .relaxed)
             defer { budget.inFlight.wrappingDecrement(ordering: .relaxed) }
