@@ -15,7 +15,10 @@ DownloadManager: adding, listing, restoring; no network); daemon (API latency wi
 events (the same with 100 event-stream clients, half of which never read: latency and peak memory);
 limits (the rate `--limit-rate` achieves, from 1 KiB/s to 1 MiB/s; not in the default set: 32 s);
 squid (1 GiB through Squid on loopback with Debian's default rules, one connection: plain http in
-absolute form; against curl, wget and aria2c through the same Squid; not in the default set).
+absolute form; against curl, wget and aria2c through the same Squid; not in the default set);
+ftp (1 GiB from vsftpd, one connection) and ftp-limited (256 MiB, 8 connections against a limit of
+8 MiB/s per session): against curl, wget, aria2c and axel; vsftpd must start as root; not in the
+default set.
 """
 import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, \
     threading, time
@@ -93,6 +96,32 @@ def start_squid(work, port):
     raise SystemExit("squid did not start: " + open(f"{d}/cache.log").read()[-2000:])
 
 
+def start_vsftpd(work, site, port, rate=0):
+    """vsftpd (Debian's package, started as root: it chroots anonymous sessions) serving `site`."""
+    d = os.path.join(work, f"vsftpd-{port}")
+    os.makedirs(os.path.join(d, "empty"))
+    for p in (work, site, d, os.path.join(d, "empty")):
+        os.chmod(p, 0o755)
+    for name in os.listdir(site):
+        if os.path.isfile(os.path.join(site, name)):
+            os.chmod(os.path.join(site, name), 0o644)
+    conf = os.path.join(d, "vsftpd.conf")
+    lines = ["listen=YES", "listen_ipv6=NO", "listen_address=127.0.0.1", f"listen_port={port}", "background=NO",
+             "anonymous_enable=YES", f"anon_root={site}", "no_anon_password=YES", "local_enable=NO", "write_enable=NO",
+             "pasv_enable=YES", "seccomp_sandbox=NO", f"secure_chroot_dir={d}/empty", "ftp_username=ftp",
+             "max_clients=256", "max_per_ip=256"] + ([f"anon_max_rate={rate}"] if rate else [])
+    with open(conf, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    proc = subprocess.Popen(["/usr/sbin/vsftpd", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("vsftpd did not start (it must run as root)")
+
+
 def run(cmd, env=None):
     """Runs a command; returns (wall seconds, cpu seconds, peak RSS in MiB, exit status)."""
     start = time.monotonic()
@@ -167,9 +196,9 @@ def main():
     if "limits" in wanted:
         for rate in LIMITS:
             sizes[f"limit-{rate}.bin"] = rate * LIMIT_SECONDS
-    if {"throttled", "skewed"} & set(wanted):
+    if {"throttled", "skewed", "ftp-limited"} & set(wanted):
         sizes["256m.bin"] = 256 * MiB
-    if {"single", "multi", "squid"} & set(wanted):
+    if {"single", "multi", "squid", "ftp"} & set(wanted):
         sizes["1g.bin"] = 1024 * MiB
     digests = {}
     for name, size in sizes.items():
@@ -182,6 +211,16 @@ def main():
     port = free_port()
     nginx = start_nginx(work, site, port)
     base_url = f"http://127.0.0.1:{port}"
+    ftps = []
+    ftp_url = ftp_limited_url = None
+    if "ftp" in wanted:
+        port2 = free_port()
+        ftps.append(start_vsftpd(work, site, port2))
+        ftp_url = f"ftp://127.0.0.1:{port2}"
+    if "ftp-limited" in wanted:
+        port3 = free_port()
+        ftps.append(start_vsftpd(work, site, port3, rate=8 * MiB))
+        ftp_limited_url = f"ftp://127.0.0.1:{port3}"
     squid = None
     if "squid" in wanted:
         squid_url = f"http://127.0.0.1:{free_port()}"
@@ -193,6 +232,8 @@ def main():
         "multi": ("unthrottled loopback, 1 GiB, 16 connections", "/1g.bin", 16, None),
         "squid": ("through Squid (Debian's default rules) on loopback, plain http in absolute form, 1 GiB, 1 connection",
                   "/1g.bin", 1, None),
+        "ftp": ("FTP from vsftpd on loopback, 1 GiB, 1 connection", "/1g.bin", 1, None),
+        "ftp-limited": ("FTP from vsftpd, 8 MiB/s per session, 256 MiB, 8 connections", "/256m.bin", 8, 256 / (8 * 8)),
         # Ideal: the slow connection (2 MiB/s) and 15 fast ones (20 MiB/s) share the file.
         "skewed": ("one connection 10x slower (2 vs 20 MiB/s), 256 MiB, 16 connections", "/skewed/256m.bin", 16,
                    256 / (15 * 20 + 2)),
@@ -224,8 +265,13 @@ def main():
                 # Alternating tools and file systems, so that neither order nor drift favours one.
                 for fs, d in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
                     out = os.path.join(d, name)
-                    cmds = tools(args.pickup, conns, base_url + path, out, args.baseline,
+                    origin = {"ftp": ftp_url, "ftp-limited": ftp_limited_url}.get(key, base_url)
+                    cmds = tools(args.pickup, conns, origin + path, out, args.baseline,
                                  proxy=squid_url if key == "squid" else None)
+                    if key == "ftp-limited":
+                        # curl and wget have one connection only: 8x the ideal time, nothing to learn.
+                        cmds.pop("curl", None)
+                        cmds.pop("wget", None)
                     order = list(cmds)
                     for tool in (order if i % 2 == 0 else list(reversed(order))):
                         clear(d)
@@ -243,6 +289,9 @@ def main():
         if squid:
             squid.kill()
             squid.wait()
+        for p in ftps:
+            p.kill()
+            p.wait()
         shutil.rmtree(work, ignore_errors=True)
         for d in outdirs.values():
             shutil.rmtree(d, ignore_errors=True)
