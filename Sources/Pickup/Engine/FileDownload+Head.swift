@@ -10,9 +10,6 @@ extension FileDownload {
     /// 200) run outside `lock`, and the control file is written on the blocking-I/O pool.
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
                       cursor: SegmentCursor, latency: Double, connection: Int) throws -> (SegmentCursor, Int64, Int64?)? {
-        // A response that arrives for a range dropped when another response replaced every held
-        // byte (see below) writes nothing.
-        if decision.writes, lock.withLock({ state.alone != nil && cursors[cursor.segment] !== cursor }) { throw StopReading() }
         switch decision {
         case .append(let at, let end, let total, let validators):
             mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })
@@ -22,7 +19,7 @@ extension FileDownload {
             let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
                 state.latency = latency
                 guard let file else { return nil }
-                if state.alone != nil, cursors[cursor.segment] !== cursor { throw StopReading() }
+                if isDropped(cursor) { throw StopReading() }
                 var cursor = cursor
                 if let mapped = cursorFile, !cursor.isMapped {
                     // From now on this range's progress is kept in the cursor file.
@@ -61,8 +58,11 @@ extension FileDownload {
             if soon { storeBeforeFirstByte() }
             return result
         case .replace(let total, let validators):
-            let (ranges, file) = lock.withLock { (record.segments.count, self.file) }
+            // Read with the staleness in one step: a response for a range that another 200 has
+            // already replaced (and so made the ranges one) must not be taken for the only range.
+            let (ranges, file, dropped) = lock.withLock { (record.segments.count, self.file, isDropped(cursor)) }
             guard let file else { return nil }
+            if dropped { throw StopReading() }
             if ranges > 1 || cursor.segment != 0 {
                 // A whole response from offset 0 while other ranges run (their validators did not
                 // match this server's: a load balancer's backends, a changed file): it is the one
@@ -101,6 +101,10 @@ extension FileDownload {
         }
     }
 
+    /// Whether `cursor`'s range was dropped when another response replaced every held byte (its
+    /// response writes nothing). With `lock` held.
+    func isDropped(_ cursor: SegmentCursor) -> Bool { state.alone != nil && cursors[cursor.segment] !== cursor }
+
     enum Stop { case stopped, stale, timedOut }
 
     /// Every range but `keep`'s stops where its writer is (and leaves `cursors`), no other
@@ -110,7 +114,7 @@ extension FileDownload {
     /// stayed inside a chunk for 2 s.
     func stopOthers(but keep: SegmentCursor, connection: Int) -> Stop {
         let others = lock.withLock { () -> [SegmentCursor]? in
-            if state.alone != nil, cursors[keep.segment] !== keep { return nil }
+            if isDropped(keep) { return nil }
             state.alone = connection
             let others = cursors.values.filter { $0 !== keep }
             cursors = cursors.filter { $0.value === keep }

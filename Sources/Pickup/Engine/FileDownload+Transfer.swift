@@ -219,7 +219,7 @@ extension FileDownload {
             if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
             // Another connection goes on alone (a response replaced every held byte): this one's
             // range is gone, and its cursor with it.
-            if lock.withLock({ state.alone.map { $0 != id } ?? false }) { return .retired }
+            if lock.withLock({ state.isStopped(id) }) { return .retired }
             let (validators, total) = lock.withLock { (record.validators, record.totalLength) }
             var offset = cursor.position.load(ordering: .relaxed)
             let end = cursor.end.load(ordering: .relaxed)
@@ -271,7 +271,7 @@ extension FileDownload {
                 }
             }
             cursor = sink.cursor
-            if lock.withLock({ state.alone.map { $0 != id } ?? false }) { return .retired }
+            if lock.withLock({ state.isStopped(id) }) { return .retired }
             let now = lock.withLock { state.heldAtMost(heldBytes()) }
             let progressed = now > sinceLastFailure
             if sink.decision?.writes == true, cursor.position.load(ordering: .relaxed) > offset { ownFailures = 0 }

@@ -90,6 +90,9 @@ struct RunState {
         return patience[id] ?? 0
     }
 
+    /// Whether connection `id` must stop because another goes on alone.
+    func isStopped(_ id: Int) -> Bool { alone.map { $0 != id } ?? false }
+
     /// The connections a round may run: one once they must go on alone.
     func connectionsAllowed(_ wanted: Int) -> Int { alone == nil ? wanted : 1 }
 

@@ -62,9 +62,7 @@ final class FTPTransport: Sendable {
         /// `ftps://`: explicit TLS on both connections.
         let secure: Bool
         /// The name TLS checks the certificate against (nil for an IP address: then the address).
-        var serverName: String? {
-            host.contains(":") || host.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2E }) ? nil : host
-        }
+        var serverName: String? { DownloadURL.isIPAddress(host) ? nil : host }
     }
 
     /// Parses an `ftp://` URL; credentials come from `Authorization: Basic` (the engine turns URL
@@ -290,10 +288,15 @@ final class FTPControl: Sendable {
     }
 
     /// Puts TLS under the control connection (after `AUTH TLS`), verified against `serverName`
-    /// (or the peer's address); returns once the handshake is done.
+    /// (or the peer's address); returns once the handshake is done, within the reply timeout.
     func startTLS(_ context: NIOSSLContext, serverName: String?) async throws {
         let done = channel.eventLoop.makePromise(of: Void.self)
         let channel = self.channel
+        let deadline = channel.eventLoop.scheduleTask(in: replyTimeout) {
+            done.fail(TransportError.transient("no TLS handshake with the FTP server within \(self.replyTimeout.nanoseconds / 1_000_000_000) s"))
+            channel.close(promise: nil)
+        }
+        defer { deadline.cancel() }
         channel.eventLoop.execute {
             do {
                 let tls = try NIOSSLClientHandler(context: context, serverHostname: serverName)

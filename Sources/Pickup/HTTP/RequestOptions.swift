@@ -90,7 +90,7 @@ public struct Cookie: Sendable, Codable, Equatable {
         if let origin, Origin(url.absoluteString)?.description != origin { return false }
         if let expires, expires <= now { return false }
         if secure, url.scheme?.lowercased() != "https" { return false }
-        let domainOK = hostOnly || Self.isIPAddress(host) ? host == domain : (host == domain || host.hasSuffix("." + domain))
+        let domainOK = hostOnly || DownloadURL.isIPAddress(host) ? host == domain : (host == domain || host.hasSuffix("." + domain))
         guard domainOK else { return false }
         let path = url.path.isEmpty ? "/" : url.path
         return path == self.path || (path.hasPrefix(self.path) && (self.path.hasSuffix("/") || path.dropFirst(self.path.count).first == "/"))
@@ -113,11 +113,6 @@ public struct Cookie: Sendable, Codable, Equatable {
             if perDomain[c.domain]! <= maxPerDomain, kept.count < maxTotal { kept.append(c) }
         }
         return kept.reversed()
-    }
-
-    /// Whether `host` is an IP address literal (IPv4 dotted, or IPv6).
-    static func isIPAddress(_ host: String) -> Bool {
-        host.contains(":") || (!host.isEmpty && host.allSatisfy { $0 == "." || ($0.isASCII && $0.isNumber) })
     }
 
     /// `a=b; c=d` (curl's `-b`), for `host`; with `origin`, for that origin only.
@@ -181,7 +176,7 @@ public struct Cookie: Sendable, Codable, Equatable {
             case "domain" where kv.count == 2 && !kv[1].isEmpty:
                 let d = kv[1].lowercased().drop(while: { $0 == "." }).description
                 // An IP address domain-matches only itself (RFC 6265 §5.1.3): no domain cookies for it.
-                guard host == d || (!Self.isIPAddress(host) && host.hasSuffix("." + d) && d.contains(".")) else { return nil }
+                guard host == d || (!DownloadURL.isIPAddress(host) && host.hasSuffix("." + d) && d.contains(".")) else { return nil }
                 cookie.domain = d
                 cookie.hostOnly = false
             case "path" where kv.count == 2 && kv[1].hasPrefix("/"):

@@ -87,9 +87,8 @@ final class ProxyTransport: Sendable {
         let hostField = port == defaultPort ? uriHost : "\(uriHost):\(port)"
         let path = c.percentEncodedPath.isEmpty ? "/" : c.percentEncodedPath
         let origin = path + (c.percentEncodedQuery.map { "?" + $0 } ?? "")
-        let isIP = bare.contains(":") || bare.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2E }
         return Parsed(target: Target(host: bare, port: port, tls: tls), absolute: "\(scheme)://\(hostField)\(origin)",
-                      origin: origin, hostField: hostField, isIPAddress: isIP)
+                      origin: origin, hostField: hostField, isIPAddress: DownloadURL.isIPAddress(bare))
     }
 
     /// Performs one request through `proxy`. `headers` are the request's fields (the transport's
@@ -520,7 +519,7 @@ final class TunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         var bytes = unwrapInboundIn(data)
-        if received == nil { received = bytes } else { received!.writeBuffer(&bytes) }
+        received.setOrWriteBuffer(&bytes)
         guard let all = received else { return }
         let view = all.readableBytesView
         guard let end = Self.headEnd(view) else {
