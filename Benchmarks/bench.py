@@ -35,6 +35,21 @@ def free_port():
     return port
 
 
+def listening(proc, port, seconds, why):
+    """Returns `proc` once something accepts connections on `port`, within `seconds`; else stops it
+    and exits with `why()`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=10)
+    raise SystemExit(why())
+
+
 def start_nginx(work, site, port):
     conf = f"""
 {'user root;' if os.geteuid() == 0 else ''}
@@ -60,13 +75,7 @@ http {{
         f.write(conf)
     proc = subprocess.Popen(["nginx", "-p", work, "-c", path, "-e", f"{work}/error.log"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit("nginx did not start: " + open(f"{work}/error.log").read())
+    return listening(proc, port, 10, lambda: "nginx did not start: " + open(f"{work}/error.log").read())
 
 
 def start_squid(work, port):
@@ -87,13 +96,7 @@ def start_squid(work, port):
     with open(conf, "w") as f:
         f.write("\n".join(keep) + "\n")
     proc = subprocess.Popen([squid, "-N", "-f", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit("squid did not start: " + open(f"{d}/cache.log").read()[-2000:])
+    return listening(proc, port, 30, lambda: "squid did not start: " + open(f"{d}/cache.log").read()[-2000:])
 
 
 def start_vsftpd(work, site, port, rate=0):
@@ -113,13 +116,7 @@ def start_vsftpd(work, site, port, rate=0):
     with open(conf, "w") as f:
         f.write("\n".join(lines) + "\n")
     proc = subprocess.Popen(["/usr/sbin/vsftpd", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit("vsftpd did not start (it must run as root)")
+    return listening(proc, port, 10, lambda: "vsftpd did not start (it must run as root)")
 
 
 def run(cmd, env=None):

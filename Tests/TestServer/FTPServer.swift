@@ -53,17 +53,8 @@ public final class FTPServerProcess: @unchecked Sendable {
             server.serve_forever()
             """
         try script.write(toFile: work + "/server.py", atomically: true, encoding: .utf8)
-        process = Process()
-        process.executableURL = URL(fileURLWithPath: python)
-        process.arguments = [work + "/server.py", root, "\(port)", "\(bytesPerSecond)", work + "/ftp.log"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let deadline = Date().addingTimeInterval(20)
-        while !Nginx.canConnect(port) {
-            guard Date() < deadline, process.isRunning else { throw NSError(domain: "pyftpdlib did not start: \(log)", code: 2) }
-            usleep(20_000)
-        }
+        process = try LocalServer.launch(python, [work + "/server.py", root, "\(port)", "\(bytesPerSecond)", work + "/ftp.log"],
+                                         work: work, port: port, seconds: 20, name: "pyftpdlib", logs: [work + "/ftp.log"])
     }
 
     /// What it logged (one line per command of note: `RETR /f.bin completed=1 bytes=...`).
@@ -77,13 +68,7 @@ public final class FTPServerProcess: @unchecked Sendable {
         }.count
     }
 
-    public func stop() {
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-        try? FileManager.default.removeItem(atPath: work)
-    }
+    public func stop() { LocalServer.stop(process, work: work) }
 }
 
 /// vsftpd from Debian's package on loopback: anonymous, read-only, over `root`, with explicit TLS
@@ -123,19 +108,8 @@ public final class VsftpdProcess: @unchecked Sendable {
                      "ssl_ciphers=HIGH"]
         }
         try conf.joined(separator: "\n").appending("\n").write(toFile: work + "/vsftpd.conf", atomically: true, encoding: .utf8)
-        process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = [work + "/vsftpd.conf"]
-        _ = FileManager.default.createFile(atPath: work + "/out.log", contents: nil)
-        let out = FileHandle(forWritingAtPath: work + "/out.log")
-        process.standardOutput = out
-        process.standardError = out
-        try process.run()
-        let deadline = Date().addingTimeInterval(20)
-        while !Nginx.canConnect(port) {
-            guard Date() < deadline, process.isRunning else { throw NSError(domain: "vsftpd did not start: \(log)", code: 2) }
-            usleep(20_000)
-        }
+        process = try LocalServer.launch(binary, [work + "/vsftpd.conf"], work: work, port: port, seconds: 20, name: "vsftpd",
+                                         logs: [work + "/vsftpd.log"])
     }
 
     public var log: String {
@@ -143,11 +117,5 @@ public final class VsftpdProcess: @unchecked Sendable {
             + ((try? String(contentsOfFile: work + "/out.log", encoding: .utf8)) ?? "")
     }
 
-    public func stop() {
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-        try? FileManager.default.removeItem(atPath: work)
-    }
+    public func stop() { LocalServer.stop(process, work: work) }
 }

@@ -26,12 +26,7 @@ public final class ProxyProcess: @unchecked Sendable {
         work = NSTemporaryDirectory() + "pickup-proxy-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
         port = try Nginx.freePort()
-        process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        _ = FileManager.default.createFile(atPath: work + "/out.log", contents: nil)
-        let out = FileHandle(forWritingAtPath: work + "/out.log")
-        process.standardOutput = out
-        process.standardError = out
+        let arguments: [String]
         switch kind {
         case .tinyproxy:
             let conf = """
@@ -46,16 +41,12 @@ public final class ProxyProcess: @unchecked Sendable {
                 \(extraConfig)
                 """
             try conf.write(toFile: work + "/proxy.conf", atomically: true, encoding: .utf8)
-            process.arguments = ["-d", "-c", work + "/proxy.conf"]
+            arguments = ["-d", "-c", work + "/proxy.conf"]
         case .microsocks:
-            process.arguments = ["-i", "127.0.0.1", "-p", "\(port)"]
+            arguments = ["-i", "127.0.0.1", "-p", "\(port)"]
         }
-        try process.run()
-        let deadline = Date().addingTimeInterval(10)
-        while !Nginx.canConnect(port) {
-            guard Date() < deadline, process.isRunning else { throw NSError(domain: "proxy did not start: \(log)", code: 2) }
-            usleep(20_000)
-        }
+        process = try LocalServer.launch(binary, arguments, work: work, port: port, seconds: 10, name: "\(kind)",
+                                         logs: [work + "/proxy.log"])
     }
 
     /// What the proxy logged so far.
@@ -78,13 +69,7 @@ public final class ProxyProcess: @unchecked Sendable {
         log.components(separatedBy: "\n").filter { $0.contains("Request (file descriptor") && $0.contains("GET http://127.0.0.1:\(port)/") }.count
     }
 
-    public func stop() {
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-        try? FileManager.default.removeItem(atPath: work)
-    }
+    public func stop() { LocalServer.stop(process, work: work) }
 }
 
 /// Squid from Debian's package on loopback, with Debian's default access rules (its
@@ -138,19 +123,8 @@ public final class SquidProcess: @unchecked Sendable {
             extraConfig,
         ]
         try lines.joined(separator: "\n").write(toFile: work + "/squid.conf", atomically: true, encoding: .utf8)
-        process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["-N", "-f", work + "/squid.conf"]
-        _ = FileManager.default.createFile(atPath: work + "/out.log", contents: nil)
-        let out = FileHandle(forWritingAtPath: work + "/out.log")
-        process.standardOutput = out
-        process.standardError = out
-        try process.run()
-        let deadline = Date().addingTimeInterval(30)
-        while !Nginx.canConnect(port) {
-            guard Date() < deadline, process.isRunning else { throw NSError(domain: "squid did not start: \(log)", code: 2) }
-            usleep(50_000)
-        }
+        process = try LocalServer.launch(binary, ["-N", "-f", work + "/squid.conf"], work: work, port: port, seconds: 30,
+                                         name: "squid", logs: [work + "/cache.log"])
     }
 
     /// Its access log so far (one line per request: `TCP_MISS/206 ... GET http://...`).
@@ -162,12 +136,5 @@ public final class SquidProcess: @unchecked Sendable {
             + ((try? String(contentsOfFile: work + "/out.log", encoding: .utf8)) ?? "")
     }
 
-    public func stop() {
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-        // Its helpers (if any) are in its process group's care; the directory goes.
-        try? FileManager.default.removeItem(atPath: work)
-    }
+    public func stop() { LocalServer.stop(process, work: work) }
 }

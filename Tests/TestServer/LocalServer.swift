@@ -1,0 +1,39 @@
+import Foundation
+
+/// Starting and stopping a real server program (nginx, proxies, FTP servers) for a test.
+enum LocalServer {
+    /// Runs `binary` with its output in `work/out.log` and returns once something accepts
+    /// connections on `port`, within `seconds`; else kills it and throws with what `logs` (paths)
+    /// and its output say.
+    static func launch(_ binary: String, _ arguments: [String], work: String, port: Int, seconds: Double, name: String,
+                       logs: [String] = []) throws -> Process {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = arguments
+        _ = FileManager.default.createFile(atPath: work + "/out.log", contents: nil)
+        let out = FileHandle(forWritingAtPath: work + "/out.log")
+        process.standardOutput = out
+        process.standardError = out
+        try process.run()
+        let deadline = Date().addingTimeInterval(seconds)
+        while !Nginx.canConnect(port) {
+            guard Date() < deadline, process.isRunning else {
+                let said = (logs + [work + "/out.log"]).compactMap { try? String(contentsOfFile: $0, encoding: .utf8) }.joined()
+                stop(process, work: nil)
+                throw NSError(domain: "\(name) did not start: \(said)", code: 2)
+            }
+            usleep(20_000)
+        }
+        return process
+    }
+
+    /// Kills it (SIGKILL: a child spawned from a thread that blocks signals may not see SIGTERM),
+    /// reaps it, and removes its folder.
+    static func stop(_ process: Process, work: String?) {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        if let work { try? FileManager.default.removeItem(atPath: work) }
+    }
+}
