@@ -15,9 +15,10 @@ import TestServer
 /// the rename); sometimes puts the file behind a load balancer whose servers each have their own
 /// strong ETag, sometimes makes every response slow to send its first byte (with a short stall
 /// timeout, so that runs must grow more patient), sometimes goes through Squid (when installed)
-/// in absolute form, sometimes fetches the file over FTP from pyftpdlib (when installed: its
-/// validator is SIZE and MDTM, a change rewrites the file with a later time); then runs to the
-/// end, and once more. The invariants:
+/// in absolute form or through a CONNECT tunnel (`--proxytunnel`: the test server's port is added
+/// to Squid's SSL_ports), sometimes fetches the file over FTP from pyftpdlib or over FTPS from
+/// vsftpd (when installed, and root for vsftpd: the validator is SIZE and MDTM, a change rewrites
+/// the file with a later time); then runs to the end, and once more. The invariants:
 /// - no process ends by a signal other than the test's SIGKILL;
 /// - a run that ends by itself exits 0, or 6 when a fault was injected into it;
 /// - exit 0 means the file holds exactly the server's current bytes;
@@ -58,11 +59,16 @@ struct TortureTests {
         let trials = env["PICKUP_TORTURE_TRIALS"].flatMap { Int($0) } ?? 200
         print("torture: seed \(seed), \(trials) trials (replay with PICKUP_TORTURE_SEED=\(seed))")
         let server = try await TestServer.start()
-        let squid = SquidProcess.binary == nil ? nil : try? SquidProcess()
+        let squid = SquidProcess.binary == nil ? nil : try? SquidProcess(extraSSLPorts: [server.port])
         defer { squid?.stop() }
-        let ftpRoot = TempDir()
+        let ftpRoot = TempDir(), keys = TempDir()
         let ftp = FTPServerProcess.python == nil ? nil : try? FTPServerProcess(root: ftpRoot.path.string, bytesPerSecond: 1 << 20)
         defer { ftp?.stop() }
+        let certificate = VsftpdProcess.binary == nil ? nil : try? makeLoopbackCertificate(in: keys)
+        let vsftpd = certificate.flatMap { try? VsftpdProcess(root: ftpRoot.path.string, certificate: $0) }
+        defer { vsftpd?.stop() }
+        let servers = TortureServers(http: server, squid: squid?.url, ftpRoot: ftpRoot, ftp: ftp,
+                                     ftps: vsftpd.flatMap { v in certificate.map { (v, $0.certificate) } })
         let stats = TortureStats()
         var seeds = Self.fixedSeeds + (0..<trials).map { seed &+ UInt64($0) &* 0x9E37_79B9 }
         // One trial alone, by the seed its failure printed.
@@ -75,8 +81,7 @@ struct TortureTests {
                 let (index, trialSeed) = (next, seeds[next])
                 next += 1
                 group.addTask {
-                    try await Self.trial(index, seed: trialSeed, server: server, proxy: squid?.url,
-                                         ftp: ftp.map { ($0, ftpRoot) }, stats: stats)
+                    try await Self.trial(index, seed: trialSeed, servers: servers, stats: stats)
                 }
             }
             add()
@@ -88,8 +93,8 @@ struct TortureTests {
     }
 
     /// One trial; every failed expectation names its seed.
-    static func trial(_ index: Int, seed: UInt64, server: TestServer, proxy: String?, ftp: (FTPServerProcess, TempDir)?,
-                      stats: TortureStats) async throws {
+    static func trial(_ index: Int, seed: UInt64, servers: TortureServers, stats: TortureStats) async throws {
+        let server = servers.http
         var random = SplitMix(state: seed)
         func pick(_ n: Int) -> Int { Int(random.next() % UInt64(n)) }
         let kind = ValidatorKind.allCases[pick(4)]
@@ -111,14 +116,17 @@ struct TortureTests {
             return "\(op)=\(error)@\(after)"
         }()
         // Picked after the rest, so that the fixed seeds replay the trials they were found with.
-        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid, overFTP }
+        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid, tunnelThroughSquid, overFTP, overFTPS }
         let behaviour: Behaviour = switch pick(8) {
         case 0 where kind == .strongETag: .loadBalanced
         case 1: .slowFirstByte
-        case 2 where proxy != nil: .throughSquid
-        case 3 where ftp != nil: .overFTP
+        case 2 where servers.squid != nil: .throughSquid
+        case 3 where servers.ftp != nil: .overFTP
+        case 4 where servers.squid != nil: .tunnelThroughSquid
+        case 5 where servers.ftps != nil: .overFTPS
         default: .plain
         }
+        let overFTP = behaviour == .overFTP || behaviour == .overFTPS
         let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
         let path = "/t\(index)"
         stats.behaviour(behaviour.rawValue)
@@ -137,14 +145,15 @@ struct TortureTests {
             switch behaviour {
             case .loadBalanced: r.backendETags = ["\"v\(version)-a\"", "\"v\(version)-b\"", "\"v\(version)-c\""]
             case .slowFirstByte: r.firstByteDelay = 0.4
-            case .plain, .throughSquid, .overFTP: break
+            case .plain, .throughSquid, .tunnelThroughSquid, .overFTP, .overFTPS: break
             }
             return r
         }
         /// Serves `version`: from the test server, or as the FTP server's file (a change rewrites it
         /// with a later modification time, as a mirror's sync would).
         func publish(_ version: Int) throws {
-            guard behaviour == .overFTP, let (_, root) = ftp else { return server.set(path, resource(version: version)) }
+            guard overFTP else { return server.set(path, resource(version: version)) }
+            let root = servers.ftpRoot
             let file = root.file("t\(index).bin").string
             root.write("t\(index).bin", resource(version: version).body)
             let when = Date(timeIntervalSince1970: 1_790_000_000 + Double(version) * 600)
@@ -155,10 +164,16 @@ struct TortureTests {
         try publish(1)
         let dir = TempDir(), state = TempDir()
         let out = dir.file("f.bin")
-        let url = behaviour == .overFTP ? ftp!.0.url("/t\(index).bin") : server.url(path)
+        let url = switch behaviour {
+        case .overFTP: servers.ftp?.url("/t\(index).bin") ?? ""
+        case .overFTPS: servers.ftps?.0.url("/t\(index).bin", secure: true) ?? ""
+        default: server.url(path)
+        }
         var args = ["get", url, "-o", out.string, "--quiet", "-x", "\(connections)", "--retries", "20"]
         if behaviour == .slowFirstByte { args += ["--stall-timeout", "0.25"] }
-        if behaviour == .throughSquid, let proxy { args += ["--proxy", proxy] }
+        if behaviour == .throughSquid, let squid = servers.squid { args += ["--proxy", squid] }
+        if behaviour == .tunnelThroughSquid, let squid = servers.squid { args += ["--proxy", squid, "--proxytunnel"] }
+        if behaviour == .overFTPS, let (_, cert) = servers.ftps { args += ["--ca-certificate", cert] }
         var finished: [String: [UInt8]] = [:]  // final files seen, as they were when first seen
 
         func checkFinishedFiles(_ when: String) {
@@ -190,7 +205,7 @@ struct TortureTests {
             defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
             // Over FTP the bytes written so far stand for the bytes sent (the kill moments only).
             let part = FilePath(out.string + SafeFileName.partialSuffix)
-            let sentInRun = behaviour == .overFTP
+            let sentInRun = overFTP
                 ? { max(0, Int(FS.size(part) ?? 0) - Int(heldBefore)) }
                 : { server.requests(path).dropFirst(requestsBefore).reduce(0) { $0 + $1.bytesSent } }
             var killed = false
@@ -274,6 +289,18 @@ struct TortureTests {
         #expect(current, "\(label): the current version is missing")
         stats.trial()
     }
+}
+
+/// The servers a trial may fetch from (those not installed are nil).
+struct TortureServers: Sendable {
+    let http: TestServer
+    /// Squid's URL; its SSL_ports include the test server's port (for CONNECT tunnels).
+    let squid: String?
+    /// Where the FTP servers' files are.
+    let ftpRoot: TempDir
+    let ftp: FTPServerProcess?
+    /// vsftpd with TLS, and the certificate to trust for it.
+    let ftps: (VsftpdProcess, String)?
 }
 
 /// What the torture test saw, for its summary line.
