@@ -30,7 +30,7 @@ final class Browser: @unchecked Sendable {
         driver.arguments = ["--port=\(port)"]
         driver.standardOutput = FileHandle.nullDevice
         driver.standardError = FileHandle.nullDevice
-        try driver.run()
+        try driver.runWithSignalsUnblocked()
         try await waitFor("chromedriver to start") { (try? await self.send(.GET, "/status")) != nil }
         let capabilities: [String: Any] = ["capabilities": ["alwaysMatch": [
             "browserName": "chrome",

@@ -38,7 +38,7 @@ enum CLI {
         p.environment = env
         p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
-        try p.run()
+        try p.runWithSignalsUnblocked()
         return p
     }
 

@@ -145,7 +145,7 @@ struct ServeProcess {
         watch.arguments = ["watch"] + s
         watch.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: watchLog.string))
         watch.standardError = FileHandle.nullDevice
-        try watch.run()
+        try watch.runWithSignalsUnblocked()
         defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
         let watched = { String(decoding: FileManager.default.contents(atPath: watchLog.string) ?? Data(), as: UTF8.self) }
         let added = try CLI.output(["add", server.url("/c.bin"), "-o", "c.bin"] + s)
@@ -188,7 +188,7 @@ extension CLI {
         let pipe = Pipe()
         p.standardOutput = pipe
         p.standardError = FileHandle.nullDevice
-        try p.run()
+        try p.runWithSignalsUnblocked()
         let data = pipe.fileHandleForReading.readDataToEndOfFile()
         p.waitUntilExit()
         return (p.terminationStatus, String(decoding: data, as: UTF8.self))
@@ -209,7 +209,7 @@ struct DescriptorLimitTests {
                        "--state", state.path.string]
         p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
-        try p.run()
+        try p.runWithSignalsUnblocked()
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
         #expect(await CLI.eventually { files.readAddress() != nil || !p.isRunning })
         let port = try #require(files.readAddress().flatMap { URL(string: $0)?.port })

@@ -28,7 +28,7 @@ final class SmallDisk: @unchecked Sendable {
         p.executableURL = URL(fileURLWithPath: cmd)
         p.arguments = args
         p.standardError = FileHandle.nullDevice
-        guard (try? p.run()) != nil else { return false }
+        guard (try? p.runWithSignalsUnblocked()) != nil else { return false }
         p.waitUntilExit()
         return p.terminationStatus == 0
     }

@@ -16,7 +16,7 @@ func makeLoopbackCertificate(in dir: TempDir) throws -> (certificate: String, ke
                          "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
     openssl.standardOutput = FileHandle.nullDevice
     openssl.standardError = FileHandle.nullDevice
-    try openssl.run()
+    try openssl.runWithSignalsUnblocked()
     openssl.waitUntilExit()
     return (cert, key)
 }

@@ -19,7 +19,7 @@ extension CLI {
         let out = Pipe(), err = Pipe()
         p.standardOutput = out
         p.standardError = err
-        try p.run()
+        try p.runWithSignalsUnblocked()
         // Read both to the end before waiting (a full pipe would block the child).
         let errData = NSLockedData()
         let reader = Thread { errData.set(err.fileHandleForReading.readDataToEndOfFile()) }

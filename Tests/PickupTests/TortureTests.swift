@@ -30,7 +30,8 @@ import TestServer
 ///   checkpoint keeps no control file and is fetched again whole: at most its size).
 ///
 /// `PICKUP_TORTURE_SEED` replays a run (its seed is printed); `PICKUP_TORTURE_TRIALS` sets the
-/// number of trials (default 200).
+/// number of trials (default 200); `PICKUP_TORTURE_BEHAVIOUR` (`overFTPS`, `throughSquid`, ...)
+/// runs only the trials of one server behaviour.
 ///
 /// It runs in its own `swift test` invocation (`PICKUP_TORTURE=1`, as `.ci/run` does): beside the
 /// rest of the suite on two cores its processes would slow every other test past its time limit.
@@ -128,6 +129,8 @@ struct TortureTests {
         }
         let overFTP = behaviour == .overFTP || behaviour == .overFTPS
         let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
+        // Only the trials of one behaviour (to look into one server closely).
+        if let only = ProcessInfo.processInfo.environment["PICKUP_TORTURE_BEHAVIOUR"], only != behaviour.rawValue { return }
         let path = "/t\(index)"
         stats.behaviour(behaviour.rawValue)
         let started = Date()

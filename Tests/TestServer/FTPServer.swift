@@ -13,7 +13,7 @@ public final class FTPServerProcess: @unchecked Sendable {
         p.arguments = ["-c", "import pyftpdlib"]
         p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
-        guard (try? p.run()) != nil else { return nil }
+        guard (try? p.runWithSignalsUnblocked()) != nil else { return nil }
         p.waitUntilExit()
         return p.terminationStatus == 0 ? python : nil
     }

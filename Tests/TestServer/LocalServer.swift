@@ -14,7 +14,7 @@ enum LocalServer {
         let out = FileHandle(forWritingAtPath: work + "/out.log")
         process.standardOutput = out
         process.standardError = out
-        try process.run()
+        try process.runWithSignalsUnblocked()
         let deadline = Date().addingTimeInterval(seconds)
         while !Nginx.canConnect(port) {
             guard Date() < deadline, process.isRunning else {
@@ -35,5 +35,20 @@ enum LocalServer {
             process.waitUntilExit()
         }
         if let work { try? FileManager.default.removeItem(atPath: work) }
+    }
+}
+
+extension Process {
+    /// `run()` with no signal blocked in the child. A child inherits the signal mask of the thread
+    /// that starts it, and the test runner's threads (Dispatch's, the cooperative pool's) block
+    /// nearly every signal: a server started from one never sees SIGCHLD, so it never reaps its
+    /// sessions (vsftpd then counts every ended session against `max_clients` and refuses all
+    /// after 64), nor SIGTERM. A shell starts programs with none blocked, as users do.
+    public func runWithSignalsUnblocked() throws {
+        var none = sigset_t(), old = sigset_t()
+        sigemptyset(&none)
+        pthread_sigmask(SIG_SETMASK, &none, &old)
+        defer { pthread_sigmask(SIG_SETMASK, &old, nil) }
+        try run()
     }
 }

@@ -64,7 +64,7 @@ public final class Nginx: @unchecked Sendable {
         process.arguments = ["-p", work, "-c", work + "/nginx.conf", "-e", work + "/error.log"]
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
-        try process.run()
+        try process.runWithSignalsUnblocked()
         let deadline = Date().addingTimeInterval(10)
         while !Nginx.canConnect(port) {
             guard Date() < deadline, process.isRunning else {
