@@ -1,4 +1,5 @@
 import Foundation
+import PickupDaemon
 import SystemPackage
 import Testing
 import TestServer
@@ -202,5 +203,138 @@ struct FTPSTests {
         }
         #expect(result.status == 4, "\(result.err) \(ftp.log)")
         #expect(result.err.contains("require_ssl_reuse"), "\(result.err)")
+    }
+}
+
+/// Against pyftpdlib scripted to misbehave (``FTPServerProcess/Faults``), and FTP through the
+/// rest of Pickup: netrc, `-i` lists that mix http and ftp, the daemon across a kill.
+@Suite(.serialized, .enabled(if: FTPServerProcess.python != nil, "python3-pyftpdlib is not installed"))
+struct FTPFaultTests {
+    /// Bytes the server sent of `name` (its log's `RETR ... completed=0|1 bytes=N` lines).
+    static func bytesSent(_ ftp: FTPServerProcess, _ name: String) -> Int {
+        ftp.log.components(separatedBy: "\n").filter { $0.contains("] RETR ") && $0.contains(name + " completed=") }.reduce(0) { sum, line in
+            guard let r = line.range(of: " bytes=") else { return sum }
+            return sum + (Int(line[r.upperBound...].prefix { $0.isNumber }) ?? 0)
+        }
+    }
+
+    @Test func aDroppedDataConnectionResumesWhereItBroke() async throws {
+        let site = TempDir(), dir = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 3 << 20, seed: 71)
+        site.write("d.bin", body)
+        let ftp = try FTPServerProcess(root: site.path.string, faults: .init(dropAfter: 1 << 20, drops: 2))
+        defer { ftp.stop() }
+        let result = try await CLI.offPool { try CLI.capture(["get", ftp.url("/d.bin"), "-d", dir.path.string, "-x", "1"], state: state.path) }
+        #expect(result.status == 0, "\(result.err) \(ftp.log)")
+        let same = dir.read("d.bin") == body
+        #expect(same)
+        #expect(result.err.contains("data connection ended"), "\(result.err)")
+        // Each break resumed with REST where it was: no byte was sent twice.
+        #expect(ftp.log.contains("REST 1048576 350") && ftp.log.contains("REST 2097152 350"), "\(ftp.log)")
+        #expect(Self.bytesSent(ftp, "d.bin") == body.count, "\(ftp.log)")
+    }
+
+    @Test func aServerThatRefusesRESTIsFetchedWholeAndNeverSpliced() async throws {
+        let site = TempDir(), dir = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 4 << 20, seed: 72)
+        site.write("r.bin", body)
+        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20, faults: .init(refuseREST: true))
+        defer { ftp.stop() }
+        let part = dir.file("r.bin.pickup-part")
+        let args = ["get", ftp.url("/r.bin"), "-o", dir.file("r.bin").string, "-x", "1"]
+        let killed = try await CLI.startAndKill(args + ["-q"], state: state.path) { (FS.size(part) ?? 0) > 1 << 20 }
+        #expect(killed)
+        // No restart: the held bytes are discarded and the whole file comes again from byte 0.
+        let resumed = try await CLI.offPool { try CLI.capture(args, state: state.path) }
+        #expect(resumed.status == 0, "\(resumed.err)")
+        #expect(resumed.err.contains("held bytes are discarded"), "\(resumed.err)")
+        let same = dir.read("r.bin") == body
+        #expect(same)
+        #expect(ftp.log.contains("REST") && ftp.log.contains("502"), "\(ftp.log)")
+        // Several connections: the first whole answer is kept alone.
+        let several = try await CLI.offPool {
+            try CLI.capture(["get", ftp.url("/r.bin"), "-o", dir.file("x4.bin").string, "-x", "4"], state: state.path)
+        }
+        #expect(several.status == 0, "\(several.err)")
+        let same4 = dir.read("x4.bin") == body
+        #expect(same4)
+    }
+
+    @Test func tooManySessionsMeansFewerConnectionsNotAFailure() async throws {
+        let site = TempDir(), dir = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 6 << 20, seed: 73)
+        site.write("m.bin", body)
+        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 2 << 20, faults: .init(maxSessions: 2))
+        defer { ftp.stop() }
+        let result = try await CLI.offPool { try CLI.capture(["get", ftp.url("/m.bin"), "-d", dir.path.string, "-x", "4"], state: state.path) }
+        #expect(result.status == 0, "\(result.err) \(ftp.log)")
+        let same = dir.read("m.bin") == body
+        #expect(same)
+        // The refused connections gave their ranges to the two the server takes, at once.
+        #expect(result.err.contains("retired") && result.err.contains("421"), "\(result.err)")
+        #expect(!result.err.contains("retrying"), "a refused session was retried: \(result.err)")
+    }
+
+    @Test func slowRepliesAreWaitedFor() async throws {
+        let site = TempDir(), dir = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 300_000, seed: 74)
+        site.write("s.bin", body)
+        let ftp = try FTPServerProcess(root: site.path.string, faults: .init(replyDelay: 0.4))
+        defer { ftp.stop() }
+        let result = try await CLI.offPool { try CLI.capture(["get", ftp.url("/s.bin"), "-d", dir.path.string, "-x", "2"], state: state.path) }
+        #expect(result.status == 0, "\(result.err)")
+        let same = dir.read("s.bin") == body
+        #expect(same)
+    }
+
+    @Test func credentialsFromNetrcAndListsMixingHTTPAndFTP() async throws {
+        let site = TempDir(), dir = TempDir(), state = TempDir(), lists = TempDir()
+        let ftpBody = Resource.bytes(count: 500_000, seed: 75), httpBody = Resource.bytes(count: 400_000, seed: 76)
+        site.write("n.bin", ftpBody)
+        let ftp = try FTPServerProcess(root: site.path.string)
+        defer { ftp.stop() }
+        let server = try await TestServer.start()
+        server.set("/h.bin", Resource(body: httpBody))
+        lists.write("netrc", Array("machine 127.0.0.1 login alice password s3cret\n".utf8))
+        chmod(lists.file("netrc").string, 0o600)
+        let netrc = try await CLI.offPool {
+            try CLI.capture(["get", ftp.url("/n.bin"), "-o", dir.file("n.bin").string, "--netrc-file", lists.file("netrc").string], state: state.path)
+        }
+        #expect(netrc.status == 0, "\(netrc.err)")
+        #expect(dir.read("n.bin") == ftpBody)
+        #expect(ftp.log.contains("USER 'alice' logged in"), "the netrc login was not used: \(ftp.log)")
+        #expect(!netrc.err.contains("s3cret"))
+
+        lists.write("list.txt", Array("\(server.url("/h.bin")) out=h.bin\n\(ftp.url("/n.bin")) out=f.bin\n".utf8))
+        let both = try await CLI.offPool {
+            try CLI.capture(["get", "-i", lists.file("list.txt").string, "-d", dir.path.string, "-x", "2", "-q"], state: state.path)
+        }
+        #expect(both.status == 0, "\(both.err)")
+        #expect(dir.read("h.bin") == httpBody)
+        #expect(dir.read("f.bin") == ftpBody)
+        await server.stop()
+    }
+
+    /// The daemon fetches ftp:// as it does http://: killed mid-transfer, the next daemon resumes
+    /// with REST from its checkpoint.
+    @Test func theDaemonResumesAnFTPDownloadAfterAKill() async throws {
+        let site = TempDir(), root = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 4 << 20, seed: 77)
+        site.write("d.bin", body)
+        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        defer { ftp.stop() }
+        let first = try await ServeProcess.start(root: root, state: state)
+        defer { first.stopIfRunning() }
+        _ = try await first.client.add(APIAddRequest(url: ftp.url("/d.bin"), name: "d.bin"))
+        let durable = { ControlFile.load(root.file("d.bin.pickup-ctl"))?.durableBytes ?? 0 }
+        #expect(CLI.waitFor { durable() > 1 << 20 }, "the download did not get going")
+        #expect(first.signal(SIGKILL) == .uncaughtSignal)
+        let second = try await ServeProcess.start(root: root, state: state)
+        defer { second.stopIfRunning() }
+        try await second.waitUntil { $0.first?.state == "completed" }
+        let same = root.read("d.bin") == body
+        #expect(same)
+        #expect(ftp.log.contains("REST "), "not resumed: \(ftp.log)")
+        #expect(second.signal(SIGTERM) == .exit)
     }
 }

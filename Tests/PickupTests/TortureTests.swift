@@ -16,8 +16,9 @@ import TestServer
 /// strong ETag, sometimes makes every response slow to send its first byte (with a short stall
 /// timeout, so that runs must grow more patient), sometimes goes through Squid (when installed)
 /// in absolute form or through a CONNECT tunnel (`--proxytunnel`: the test server's port is added
-/// to Squid's SSL_ports), sometimes fetches the file over FTP from pyftpdlib or over FTPS from
-/// vsftpd (when installed, and root for vsftpd: the validator is SIZE and MDTM, a change rewrites
+/// to Squid's SSL_ports), sometimes fetches the file over FTP from pyftpdlib (sometimes from one of
+/// its own that cuts every transfer after some hundred KiB and refuses sessions past 2 to 4 with
+/// 421) or over FTPS from vsftpd (when installed, and root for vsftpd: the validator is SIZE and MDTM, a change rewrites
 /// the file with a later time); then runs to the end, and once more. The invariants:
 /// - no process ends by a signal other than the test's SIGKILL;
 /// - a run that ends by itself exits 0, or 6 when a fault was injected into it;
@@ -117,17 +118,17 @@ struct TortureTests {
             return "\(op)=\(error)@\(after)"
         }()
         // Picked after the rest, so that the fixed seeds replay the trials they were found with.
-        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid, tunnelThroughSquid, overFTP, overFTPS }
+        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid, tunnelThroughSquid, overFTP, overFlakyFTP, overFTPS }
         let behaviour: Behaviour = switch pick(8) {
         case 0 where kind == .strongETag: .loadBalanced
         case 1: .slowFirstByte
         case 2 where servers.squid != nil: .throughSquid
-        case 3 where servers.ftp != nil: .overFTP
+        case 3 where servers.ftp != nil: pick(2) == 0 ? .overFTP : .overFlakyFTP
         case 4 where servers.squid != nil: .tunnelThroughSquid
         case 5 where servers.ftps != nil: .overFTPS
         default: .plain
         }
-        let overFTP = behaviour == .overFTP || behaviour == .overFTPS
+        let overFTP = behaviour == .overFTP || behaviour == .overFlakyFTP || behaviour == .overFTPS
         let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
         // Only the trials of one behaviour (to look into one server closely).
         if let only = ProcessInfo.processInfo.environment["PICKUP_TORTURE_BEHAVIOUR"], only != behaviour.rawValue { return }
@@ -148,7 +149,7 @@ struct TortureTests {
             switch behaviour {
             case .loadBalanced: r.backendETags = ["\"v\(version)-a\"", "\"v\(version)-b\"", "\"v\(version)-c\""]
             case .slowFirstByte: r.firstByteDelay = 0.4
-            case .plain, .throughSquid, .tunnelThroughSquid, .overFTP, .overFTPS: break
+            case .plain, .throughSquid, .tunnelThroughSquid, .overFTP, .overFlakyFTP, .overFTPS: break
             }
             return r
         }
@@ -162,6 +163,13 @@ struct TortureTests {
             let when = Date(timeIntervalSince1970: 1_790_000_000 + Double(version) * 600)
             try FileManager.default.setAttributes([.modificationDate: when], ofItemAtPath: file)
         }
+        // A server of its own (its limit on sessions is per address): every transfer cut after some
+        // hundred KiB (each resumed with REST), and 421 past 2 to 4 sessions (fewer connections).
+        let flaky = behaviour == .overFlakyFTP
+            ? try FTPServerProcess(root: servers.ftpRoot.path.string, bytesPerSecond: 1 << 20,
+                                   faults: .init(dropAfter: 300_000 + pick(700_000), drops: 1 << 30, maxSessions: 2 + pick(3)))
+            : nil
+        defer { flaky?.stop() }
         var version = 1
         var versions = [resource(version: 1).body]
         try publish(1)
@@ -169,6 +177,7 @@ struct TortureTests {
         let out = dir.file("f.bin")
         let url = switch behaviour {
         case .overFTP: servers.ftp?.url("/t\(index).bin") ?? ""
+        case .overFlakyFTP: flaky?.url("/t\(index).bin") ?? ""
         case .overFTPS: servers.ftps?.0.url("/t\(index).bin", secure: true) ?? ""
         default: server.url(path)
         }

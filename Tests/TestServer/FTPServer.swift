@@ -26,34 +26,83 @@ public final class FTPServerProcess: @unchecked Sendable {
     public var baseURL: String { "ftp://127.0.0.1:\(port)" }
     public func url(_ path: String) -> String { baseURL + path }
 
-    public init(root: String, bytesPerSecond: Int = 0) throws {
+    /// What the server does wrong, on purpose.
+    public struct Faults: Sendable {
+        /// The first `drops` transfers are cut (the data connection closed, then `426`) after this
+        /// many bytes.
+        public var dropAfter: Int? = nil
+        public var drops = 1
+        /// `REST` is answered `502 Command not implemented`.
+        public var refuseREST = false
+        /// Past this many sessions at once from one address, `421 Too many connections`.
+        public var maxSessions: Int? = nil
+        /// Seconds before each reply on the control connection (the whole server waits).
+        public var replyDelay = 0.0
+        public init(dropAfter: Int? = nil, drops: Int = 1, refuseREST: Bool = false, maxSessions: Int? = nil, replyDelay: Double = 0) {
+            self.dropAfter = dropAfter
+            self.drops = drops
+            self.refuseREST = refuseREST
+            self.maxSessions = maxSessions
+            self.replyDelay = replyDelay
+        }
+        var arguments: [String] {
+            ["\(dropAfter ?? -1)", "\(drops)", refuseREST ? "1" : "0", "\(maxSessions ?? 0)", "\(replyDelay)"]
+        }
+    }
+
+    public init(root: String, bytesPerSecond: Int = 0, faults: Faults = Faults()) throws {
         guard let python = Self.python else { throw NSError(domain: "pyftpdlib not installed", code: 1) }
         work = NSTemporaryDirectory() + "pickup-ftp-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
         port = try Nginx.freePort()
         let script = """
-            import sys, logging
+            import sys, time, logging
             from pyftpdlib.authorizers import DummyAuthorizer
-            from pyftpdlib.handlers import FTPHandler, ThrottledDTPHandler
+            from pyftpdlib.handlers import FTPHandler, DTPHandler, ThrottledDTPHandler
             from pyftpdlib.servers import FTPServer
             root, port, rate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
             logging.basicConfig(filename=sys.argv[4], level=logging.INFO)
+            drop_after, drops, refuse_rest, max_sessions, delay = int(sys.argv[5]), [int(sys.argv[6])], sys.argv[7] == "1", int(sys.argv[8]), float(sys.argv[9])
             authorizer = DummyAuthorizer()
             authorizer.add_anonymous(root)
             authorizer.add_user("alice", "s3cret", root, perm="elr")
             class Handler(FTPHandler):
                 log_cmds_list = ["RETR", "REST", "SIZE", "MDTM", "EPSV", "PASV", "USER", "PASS"]
+                def respond(self, resp, logfun=logging.debug):
+                    if delay > 0:
+                        time.sleep(delay)
+                    super().respond(resp, logfun)
+                def ftp_REST(self, line):
+                    if refuse_rest:
+                        self.respond("502 Command not implemented.")
+                        return
+                    super().ftp_REST(line)
             Handler.authorizer = authorizer
-            if rate > 0:
-                class Throttled(ThrottledDTPHandler):
-                    write_limit = rate
-                Handler.dtp_handler = Throttled
+            base = ThrottledDTPHandler if rate > 0 else DTPHandler
+            class Data(base):
+                write_limit = rate
+                def send(self, data):
+                    if drop_after >= 0 and drops[0] > 0 and not self.receive:
+                        room = drop_after - self.tot_bytes_sent
+                        if room <= len(data):
+                            if room > 0:
+                                super().send(data[:room])
+                            drops[0] -= 1
+                            self._resp = ("426 Transfer aborted; connection dropped.", logging.debug)
+                            self.close()
+                            return 0
+                    return super().send(data)
+            Handler.dtp_handler = Data
+            if drop_after >= 0:
+                Handler.use_sendfile = False
             server = FTPServer(("127.0.0.1", port), Handler)
             server.max_cons = 256
+            if max_sessions > 0:
+                server.max_cons_per_ip = max_sessions
             server.serve_forever()
             """
         try script.write(toFile: work + "/server.py", atomically: true, encoding: .utf8)
-        process = try LocalServer.launch(python, [work + "/server.py", root, "\(port)", "\(bytesPerSecond)", work + "/ftp.log"],
+        process = try LocalServer.launch(python, [work + "/server.py", root, "\(port)", "\(bytesPerSecond)", work + "/ftp.log"] + faults.arguments,
                                          work: work, port: port, seconds: 20, name: "pyftpdlib", logs: [work + "/ftp.log"])
     }
 

@@ -72,8 +72,11 @@ extension FileDownload {
                 case .stale: throw StopReading()
                 case .timedOut: throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
                 }
-                onEvent(.notice("the server sent the whole file (200) to a range request (its validators differ from the other responses': "
-                    + "a load balancer whose servers disagree?); the held bytes are discarded and this response is kept, over one connection"))
+                let why = lock.withLock { record.validators } == validators
+                    ? "it did not take the range: an FTP server refusing REST, a server that ignores ranges at times"
+                    : "its validators differ from the other responses': a load balancer whose servers disagree?"
+                onEvent(.notice("the server sent the whole file (200) to a range request (\(why)); the held bytes are discarded "
+                    + "and this response is kept, over one connection"))
             } else if context.offset > 0 {
                 onEvent(.notice("the server sent the whole file (200) instead of the rest; the held bytes are discarded"))
             }

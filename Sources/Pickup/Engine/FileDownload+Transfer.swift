@@ -250,6 +250,10 @@ extension FileDownload {
                 switch e {
                 case .fatal, .protocolViolation, .refused: throw e.failure
                 case .transient(let m): failure = m
+                case .busy(let m):
+                    // The server's limit on sessions: one connection fewer, unless it is the last.
+                    if retire(id, because: m) { return .retired }
+                    failure = m
                 case .stalled:
                     failure = e.message
                     // Slow to start (an archive built on the fly, cold storage) or slow again: the

@@ -71,7 +71,7 @@ extension TransportError {
     /// What a run ends with when this error is not retried (or retries ran out).
     var failure: PickupError {
         switch self {
-        case .fatal(let m), .transient(let m): .network(m)
+        case .fatal(let m), .transient(let m), .busy(let m): .network(m)
         case .protocolViolation(let m): .server(status: nil, m)
         case .unresolved(let host): .network("cannot resolve \(host)")
         case .stalled: .network(message)
@@ -89,7 +89,7 @@ extension TransportError {
     /// In words.
     var message: String {
         switch self {
-        case .fatal(let m), .transient(let m), .protocolViolation(let m), .refused(let m): m
+        case .fatal(let m), .transient(let m), .protocolViolation(let m), .refused(let m), .busy(let m): m
         case .unresolved(let host): "cannot resolve \(host)"
         case .stalled(let seconds): "stalled: no data for \(Self.seconds(seconds))"
         case .proxyRefused(407, _):

@@ -16,7 +16,8 @@ import NIOTLS
 ///   closed), answered as a 206 with its `Content-Range`; `If-Range` that does not match the file's
 ///   validator, or a server that refuses `REST`, is answered as a 200 from byte 0;
 /// - a missing file (550), a directory, a refused login (530) are ``TransportError/refused(_:)``;
-///   421 (too many sessions, shutting down) and other 4xx replies are retried.
+///   "too many connections" (421, some servers' 530) is ``TransportError/busy(_:)`` (one connection
+///   fewer); other 4xx replies are retried.
 ///
 /// `ftps://` is explicit TLS (RFC 4217): `AUTH TLS`, `PBSZ 0`, `PROT P`, both connections verified
 /// as https is (the same trust roots, `--insecure`). A server that requires the data connection to
@@ -141,10 +142,9 @@ final class FTPTransport: Sendable {
         if reply.code == 331 { reply = try await control.send("PASS \(target.password)", shown: "PASS ***") }
         guard reply.code == 230 || reply.code == 202 else {
             // A refusal for too many sessions (some servers say it with 530) is the server being
-            // busy, not the login being wrong: retried, and a connection that keeps getting it retires.
-            let text = reply.text.lowercased()
-            if reply.code == 421 || reply.kind == 4 || ["too many", "maximum number", "limit"].contains(where: text.contains) {
-                throw TransportError.transient("the FTP server answered \(reply.summary) while logging in")
+            // busy, not the login being wrong: one connection fewer (or, alone, retried).
+            if reply.code == 421 || reply.kind == 4 || Self.saysTooMany(reply) {
+                throw Self.failure(reply, doing: "logging in")
             }
             throw TransportError.refused("the FTP server refused the login as \(target.user) (\(reply.summary))")
         }
@@ -237,11 +237,20 @@ final class FTPTransport: Sendable {
         throw Self.failure(pasv, doing: "opening a data connection")
     }
 
-    /// A reply that ends a request: 4xx (421 included) is worth a retry, anything else is the server's refusal.
+    /// A reply that ends a request: "too many connections" (421, or 530 from some servers) is the
+    /// server's limit on sessions, other 4xx are worth a retry, anything else is the server's refusal.
     static func failure(_ reply: FTPReply, doing what: String) -> TransportError {
-        reply.kind == 4 || reply.kind == 1
-            ? .transient("the FTP server answered \(reply.summary) while \(what)")
-            : .refused("the FTP server answered \(reply.summary) while \(what)")
+        let message = "the FTP server answered \(reply.summary) while \(what)"
+        if saysTooMany(reply) { return .busy(message) }
+        return reply.kind == 4 || reply.kind == 1 ? .transient(message) : .refused(message)
+    }
+
+    /// Whether a refusal is about the number of sessions (`421 Too many connections from the same
+    /// IP address`, `530 Sorry, the maximum number of clients is reached`).
+    static func saysTooMany(_ reply: FTPReply) -> Bool {
+        guard reply.kind == 4 || reply.code == 530 else { return false }
+        let text = reply.text.lowercased()
+        return ["too many", "maximum number", "limit"].contains(where: text.contains)
     }
 }
 
@@ -262,6 +271,9 @@ final class FTPControl: Sendable {
 
     static func connect(host: String, port: Int, on loop: any EventLoop, timeout: TimeAmount, replyTimeout: TimeAmount,
                         budget: ReadBudget) async throws -> FTPControl {
+        // The handler is held from the start: a server that greets with 421 and hangs up at once
+        // leaves a closed channel with no pipeline to look it up in, and the reply is in it.
+        let added = loop.makePromise(of: NIOLoopBound<FTPControlHandler>.self)
         let channel: any Channel
         do {
             channel = try await ClientBootstrap(group: loop)
@@ -269,21 +281,25 @@ final class FTPControl: Sendable {
                 .channelOption(ChannelOptions.tcpOption(.tcp_nodelay), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
+                        let handler = FTPControlHandler()
                         try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FTPLineDecoder()))
-                        try channel.pipeline.syncOperations.addHandler(FTPControlHandler())
+                        try channel.pipeline.syncOperations.addHandler(handler)
+                        added.succeed(NIOLoopBound(handler, eventLoop: channel.eventLoop))
                     }
                 }
                 .connect(host: host, port: port).get()
         } catch {
+            added.fail(error)  // unless it was added
             throw HTTPClientTransport.classify(error)
         }
-        guard let peer = channel.remoteAddress else {
+        added.fail(TransportError.transient("the FTP control connection has no handler"))  // unless it was added
+        let handler = try await added.futureResult.get()
+        // The address as the connection saw it when it opened (a closed channel no longer knows it).
+        let address = try await channel.eventLoop.submit { handler.value.peer ?? channel.remoteAddress }.get()
+        guard let peer = address else {
             channel.close(promise: nil)
             throw TransportError.transient("the FTP control connection has no peer address")
         }
-        let handler = try await channel.eventLoop.submit {
-            NIOLoopBound(try channel.pipeline.syncOperations.handler(type: FTPControlHandler.self), eventLoop: channel.eventLoop)
-        }.get()
         return FTPControl(channel: channel, handler: handler, replyTimeout: replyTimeout, peer: peer)
     }
 
@@ -372,7 +388,15 @@ final class FTPControlHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var failure: (any Error)?
     private var context: ChannelHandlerContext?
 
+    /// The server's address, kept from when the connection opened.
+    private(set) var peer: SocketAddress?
+
     func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+    func channelActive(context: ChannelHandlerContext) {
+        peer = context.channel.remoteAddress
+        context.fireChannelActive()
+    }
 
     func next(_ promise: EventLoopPromise<FTPReply>, within timeout: TimeAmount) {
         if !ready.isEmpty { return promise.succeed(ready.removeFirst()) }

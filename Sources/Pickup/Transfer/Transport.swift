@@ -54,6 +54,10 @@ public enum TransportError: Error, Sendable, Equatable {
     /// The server refused in words that retrying will not change (an FTP login refused, a file
     /// that is not there, a directory): said as it is.
     case refused(String)
+    /// The server takes no more connections from us now (FTP's 421 "too many connections"):
+    /// worth retrying; where other connections are fetching, this one leaves its range to them at
+    /// once, so that the download goes on with as many connections as the server accepts.
+    case busy(String)
 }
 
 /// Sends GET requests and streams their responses into a sink. The engine depends only on this,
