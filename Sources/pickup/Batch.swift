@@ -10,6 +10,18 @@ import SystemPackage
 struct Batch {
     let get: Get
     let inputFile: String
+    /// `--metalink`: the file is a Metalink 4 document, each of its files an entry (its first URL
+    /// by priority, its strongest hash as the checksum).
+    var metalink = false
+
+    /// A Metalink document's files as list entries: named as it names them (sanitized), from
+    /// their first URL by priority, verified with their strongest whole-file hash.
+    static func entries(_ m: Metalink) -> InputList {
+        InputList(entries: m.files.enumerated().map { i, f in
+            InputList.Entry(url: f.mirrors[0].url, name: f.name, line: i + 1,
+                            checksum: f.strongestHash.map { ExpectedDigest(source: "the Metalink file", algorithm: $0.algorithm, bytes: $0.bytes) })
+        })
+    }
 
     func run() async throws {
         let display = BatchDisplay(quiet: get.quiet)
@@ -17,14 +29,27 @@ struct Batch {
             display.line("pickup: \(message)")
             return ExitCode(code)
         }
-        guard let text = try? String(contentsOfFile: inputFile, encoding: .utf8) else {
-            throw fail("cannot read the input file \(inputFile)", Exit.usage)
-        }
         let list: InputList
-        do {
-            list = try InputList(parsing: text)
-        } catch {
-            throw fail("\(inputFile): \(error)", Exit.usage)
+        if metalink {
+            // Read with a bound: a Metalink file over its limit is refused, not read whole.
+            guard let handle = FileHandle(forReadingAtPath: inputFile),
+                let data = try? handle.read(upToCount: Metalink.maxBytes + 1)
+            else { throw fail("cannot read the Metalink file \(inputFile)", Exit.usage) }
+            try? handle.close()
+            do {
+                list = Self.entries(try Metalink.parse(Array(data)))
+            } catch {
+                throw fail("\(inputFile): \(error)", Exit.usage)
+            }
+        } else {
+            guard let text = try? String(contentsOfFile: inputFile, encoding: .utf8) else {
+                throw fail("cannot read the input file \(inputFile)", Exit.usage)
+            }
+            do {
+                list = try InputList(parsing: text)
+            } catch {
+                throw fail("\(inputFile): \(error)", Exit.usage)
+            }
         }
         if list.entries.isEmpty { throw fail("\(inputFile) lists no URL", Exit.usage) }
 

@@ -25,6 +25,12 @@ struct Get: AsyncParsableCommand {
         valueName: "file"))
     var inputFile: String?
 
+    @Option(help: ArgumentHelp(
+        "Download the files a Metalink 4 file (RFC 5854) describes into -d, each verified with its strongest hash "
+            + "(from its first URL by priority, for now). Run the same command again to resume.",
+        valueName: "file"))
+    var metalink: String?
+
     @Option(name: [.short, .customLong("jobs")], help: ArgumentHelp("With -i: downloads at once, 1 to 64.", valueName: "n"))
     var jobs: Int = 3
 
@@ -66,12 +72,15 @@ struct Get: AsyncParsableCommand {
         if output != nil && dir != nil { throw ValidationError("use either -o or -d, not both") }
         if dir == "" { throw ValidationError("-d needs a directory (\"\" names none; use . for the current one)") }
         if output == "" { throw ValidationError("-o needs a file name") }
-        if (url == nil) == (inputFile == nil) { throw ValidationError("give either a URL or -i FILE") }
+        if [url != nil, inputFile != nil, metalink != nil].filter({ $0 }).count != 1 {
+            throw ValidationError("give a URL, -i FILE or --metalink FILE (one of them)")
+        }
         if !(1...64).contains(jobs) { throw ValidationError("--jobs must be between 1 and 64") }
-        if inputFile != nil {
-            if output != nil { throw ValidationError("-o names one file; with -i use -d and out=NAME in the list") }
-            if checksum != nil { throw ValidationError("--checksum is for one file, not for -i") }
-            if restart { throw ValidationError("--restart is for one file, not for -i") }
+        if let list = inputFile.map({ ("-i", $0) }) ?? metalink.map({ ("--metalink", $0) }) {
+            _ = list.1
+            if output != nil { throw ValidationError("-o names one file; with \(list.0) use -d") }
+            if checksum != nil { throw ValidationError("--checksum is for one file, not for \(list.0)") }
+            if restart { throw ValidationError("--restart is for one file, not for \(list.0)") }
         }
         if let checksum, ExpectedDigest(checksumArgument: checksum) == nil {
             throw ValidationError("--checksum must be ALGO=HEX with ALGO one of sha-256, sha-512, sha-1, md5 and HEX of the right length")
@@ -84,6 +93,7 @@ struct Get: AsyncParsableCommand {
     }
 
     func run() async throws {
+        if let metalink { return try await Batch(get: self, inputFile: metalink, metalink: true).run() }
         guard let url else { return try await Batch(get: self, inputFile: inputFile ?? "").run() }
         let destination: Destination =
             output.map { .file(FilePath($0)) } ?? .directory(FilePath(dir ?? "."))

@@ -32,15 +32,15 @@ public enum DownloadURL {
         return parsed
     }
 
-    /// `url` with its user information replaced whole by `***` (`http://***@host/`), for messages,
-    /// listings, events, logs and hooks: a user name can be a token (`https://ghp_TOKEN@host/`).
-    /// Anything that is not a URL with user information comes back unchanged.
     /// Whether `host` (without brackets) is an IP address literal (IPv4 dotted, or IPv6): no
     /// domain cookies for it, and no name for TLS to check (the address is checked instead).
     static func isIPAddress(_ host: String) -> Bool {
         host.contains(":") || (!host.isEmpty && host.allSatisfy { $0 == "." || ($0.isASCII && $0.isNumber) })
     }
 
+    /// `url` with its user information replaced whole by `***` (`http://***@host/`), for messages,
+    /// listings, events, logs and hooks: a user name can be a token (`https://ghp_TOKEN@host/`).
+    /// Anything that is not a URL with user information comes back unchanged.
     public static func redacted(_ url: String) -> String {
         guard url.utf8.contains(UInt8(ascii: "@")), let schemeEnd = url.range(of: "://") else { return url }
         let authorityStart = schemeEnd.upperBound

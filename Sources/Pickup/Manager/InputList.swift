@@ -22,7 +22,18 @@ public struct InputList: Sendable, Equatable {
         public var headers: [RequestHeader] = []
         /// The digest the file must have (`checksum=`).
         public var checksum: ExpectedDigest?
+
+        public init(url: String, name: String? = nil, line: Int, headers: [RequestHeader] = [], checksum: ExpectedDigest? = nil) {
+            self.url = url
+            self.name = name
+            self.line = line
+            self.headers = headers
+            self.checksum = checksum
+        }
     }
+
+    /// A list made by other means (a Metalink file's files).
+    public init(entries: [Entry]) { self.entries = entries }
 
     /// The entries in file order, each URL once (a repeated URL keeps its first line).
     public var entries: [Entry]
