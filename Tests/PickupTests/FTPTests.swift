@@ -191,6 +191,28 @@ struct FTPSTests {
         #expect(ftp.log.contains("AUTH TLS"), "\(ftp.log)")
     }
 
+    /// vsftpd limiting each session (`anon_max_rate`): killed over one session, the download
+    /// resumes with REST over four, byte-exact.
+    @Test func aKilledDownloadResumesOverSeveralRateLimitedSessions() async throws {
+        let site = TempDir(), dir = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 4 << 20, seed: 63)
+        site.write("l.bin", body)
+        chmod(site.file("l.bin").string, 0o644)
+        let ftp = try VsftpdProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        defer { ftp.stop() }
+        let part = dir.file("l.bin.pickup-part")
+        let args = ["get", ftp.url("/l.bin"), "-o", dir.file("l.bin").string, "-q"]
+        let killed = try await CLI.startAndKill(args + ["-x", "1"], state: state.path) { (FS.size(part) ?? 0) > 1 << 20 }
+        #expect(killed)
+        let resumed = try await CLI.offPool { try CLI.capture(args + ["-x", "4"], state: state.path) }
+        #expect(resumed.status == 0, "\(resumed.err) \(ftp.log)")
+        let same = dir.read("l.bin") == body
+        #expect(same)
+        let retrievals = ftp.log.components(separatedBy: "\"RETR ").count - 1
+        #expect(retrievals >= 3, "the rest was not shared among sessions: \(ftp.log)")
+        #expect(ftp.log.contains("\"REST "), "not resumed: \(ftp.log)")
+    }
+
     @Test func aServerThatRequiresTLSSessionReuseIsRefusedInWords() async throws {
         let site = TempDir(), keys = TempDir(), dir = TempDir(), state = TempDir()
         site.write("r.bin", Resource.bytes(count: 100_000, seed: 62))
