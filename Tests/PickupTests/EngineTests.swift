@@ -330,7 +330,8 @@ import TestServer
 
     @Test func cancellationCheckpointsAndTheNextRunResumes() async throws {
         let f = try await Fixture()
-        f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
+        // Paced slowly enough (6 s) that, on two loaded cores, the cancel comes before the end.
+        f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 512 * 1024))
         let task = await f.startInBackground("/slow.bin", after: 200_000)
         task.cancel()
         let result = await task.result
