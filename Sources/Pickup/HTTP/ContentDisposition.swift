@@ -57,7 +57,7 @@ public enum ContentDisposition {
         guard parts.count == 3, let bytes = PercentDecoding.bytes(parts[2]) else { return nil }
         switch parts[0].lowercased() {
         case "utf-8":
-            return String(validating: bytes, as: UTF8.self)
+            return String.validUTF8(bytes)
         case "iso-8859-1":
             return String(String.UnicodeScalarView(bytes.map { Unicode.Scalar($0) }))
         default:
@@ -233,8 +233,18 @@ public enum SafeFileName {
     }
 
     static func decodedSegment(_ segment: Substring) -> String? {
-        guard let bytes = PercentDecoding.bytes(segment), let decoded = String(validating: bytes, as: UTF8.self)
+        guard let bytes = PercentDecoding.bytes(segment), let decoded = String.validUTF8(bytes)
         else { return nil }
         return decoded.isEmpty ? nil : decoded
+    }
+}
+
+extension String {
+    /// `bytes` as a string when they are valid UTF-8, else nil: `String(validating:as:)` without
+    /// its macOS 15 / iOS 18 floor (the package supports macOS 13 and iOS 16). Invalid sequences
+    /// decode as U+FFFD, so the text's UTF-8 differs from `bytes` exactly when they are invalid.
+    static func validUTF8<C: Collection>(_ bytes: C) -> String? where C.Element == UInt8 {
+        let text = String(decoding: bytes, as: UTF8.self)
+        return text.utf8.elementsEqual(bytes) ? text : nil
     }
 }

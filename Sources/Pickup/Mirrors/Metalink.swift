@@ -72,7 +72,7 @@ public struct Metalink: Sendable, Equatable {
         // tab and line ends), in no other declared encoding: swift-corelibs-foundation's XMLParser,
         // under libxml2's recovery mode, force-unwraps the UTF-8 of names and texts and traps on
         // bytes that are not (found by `MetalinkTests.mutatedDocumentsNeverTrap`).
-        guard String(validating: bytes, as: UTF8.self) != nil else {
+        guard String.validUTF8(bytes) != nil else {
             throw .invalidInput("the Metalink file is not UTF-8")
         }
         if bytes.contains(where: { $0 < 0x20 && $0 != 0x09 && $0 != 0x0A && $0 != 0x0D || $0 == 0x7F }) {
