@@ -18,7 +18,8 @@ squid (1 GiB through Squid on loopback with Debian's default rules, one connecti
 absolute form; against curl, wget and aria2c through the same Squid; not in the default set);
 ftp (1 GiB from vsftpd, one connection) and ftp-limited (256 MiB, 8 connections against a limit of
 8 MiB/s per session): against curl, wget, aria2c and axel; vsftpd must start as root; not in the
-default set.
+default set. mirrors (three nginx servers with one 48 MiB file, each taking 2 connections per client
+at 4 MiB/s): against aria2c and axel given the three URLs; not in the default set.
 """
 import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, \
     threading, time
@@ -50,7 +51,16 @@ def listening(proc, port, seconds, why):
     raise SystemExit(why())
 
 
-def start_nginx(work, site, port):
+def start_nginx(work, site, port, mirror_ports=()):
+    # Mirrors (the mirrors case): each its own server, 2 connections per client, 4 MiB/s each; a
+    # third connection gets 503.
+    mirrors = "".join(f"""
+    limit_conn_zone $binary_remote_addr zone=mirror{i}:1m;
+    server {{
+        listen 127.0.0.1:{p};
+        root {site};
+        limit_conn mirror{i} 2; limit_conn_status 503; limit_rate 4m;
+    }}""" for i, p in enumerate(mirror_ports))
     conf = f"""
 {'user root;' if os.geteuid() == 0 else ''}
 daemon off; master_process off; worker_processes 1;
@@ -67,7 +77,7 @@ http {{
         location /throttled/ {{ alias {site}/; limit_rate 20m; }}
         location /skewed/ {{ alias {site}/; limit_rate $skew_rate; }}
         location /slow/ {{ alias {site}/; limit_rate 128k; }}
-    }}
+    }}{mirrors}
 }}
 """
     path = os.path.join(work, "nginx.conf")
@@ -193,6 +203,8 @@ def main():
     if "limits" in wanted:
         for rate in LIMITS:
             sizes[f"limit-{rate}.bin"] = rate * LIMIT_SECONDS
+    if "mirrors" in wanted:
+        sizes["48m.bin"] = 48 * MiB
     if {"throttled", "skewed", "ftp-limited"} & set(wanted):
         sizes["256m.bin"] = 256 * MiB
     if {"single", "multi", "squid", "ftp"} & set(wanted):
@@ -206,7 +218,8 @@ def main():
         with open(path, "rb") as f:
             digests[name] = hashlib.file_digest(f, "sha256").hexdigest()
     port = free_port()
-    nginx = start_nginx(work, site, port)
+    mirror_ports = [free_port() for _ in range(3)] if "mirrors" in wanted else []
+    nginx = start_nginx(work, site, port, mirror_ports)
     base_url = f"http://127.0.0.1:{port}"
     ftps = []
     ftp_url = ftp_limited_url = None
@@ -255,6 +268,9 @@ def main():
             if key == "limits":
                 limits_case(args, first, base_url)
                 continue
+            if key == "mirrors":
+                mirrors_case(args, outdirs, mirror_ports, digests["48m.bin"])
+                continue
             title, path, conns, ideal = cases[key]
             name = os.path.basename(path)
             results = {}
@@ -292,6 +308,34 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         for d in outdirs.values():
             shutil.rmtree(d, ignore_errors=True)
+
+
+def mirrors_case(args, outdirs, ports, digest):
+    """Three mirrors of a 48 MiB file, each taking 2 connections from us at 4 MiB/s (a third gets
+    503): ideal 48 / (3 x 2 x 4) = 2.0 s. aria2c and axel get the three URLs and 6 connections;
+    Pickup gets them as `get URL1 URL2 URL3` once it takes mirrors, until then the first URL."""
+    urls = [f"http://127.0.0.1:{p}/48m.bin" for p in ports]
+    results = {}
+    for i in range(args.runs):
+        for fs, d in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
+            out = os.path.join(d, "48m.bin")
+            cmds = {"pickup": [args.pickup, "get", urls[0], "-o", out, "-q", "--overwrite", "-x", "6"]}
+            if shutil.which("aria2c"):
+                cmds["aria2c"] = ["aria2c", "-q", "-x2", "-s6", "-k1M", "--file-allocation=none", "--allow-overwrite=true",
+                                  "--auto-file-renaming=false", "-d", d, "-o", "48m.bin"] + urls
+            if shutil.which("axel"):
+                cmds["axel"] = ["axel", "-q", "-n", "6", "-o", out] + urls
+            order = list(cmds)
+            for tool in (order if i % 2 == 0 else list(reversed(order))):
+                clear(d)
+                wall, cpu, rss, code = run(cmds[tool])
+                ok = code == 0 and os.path.exists(out) and os.path.getsize(out) == 48 * MiB
+                if ok and i == 0:
+                    with open(out, "rb") as f:
+                        ok = hashlib.file_digest(f, "sha256").hexdigest() == digest
+                results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok))
+            clear(d)
+    print_table("### three mirrors, 2 connections each at 4 MiB/s, 48 MiB (physical limit 2.00 s)", results, 2.0)
 
 
 def clear(d):
