@@ -32,10 +32,16 @@ struct Batch {
         let list: InputList
         if metalink {
             // Read with a bound: a Metalink file over its limit is refused, not read whole.
-            guard let handle = FileHandle(forReadingAtPath: inputFile),
-                let data = try? handle.read(upToCount: Metalink.maxBytes + 1)
-            else { throw fail("cannot read the Metalink file \(inputFile)", Exit.usage) }
-            try? handle.close()
+            guard let handle = FileHandle(forReadingAtPath: inputFile) else {
+                throw fail("cannot read the Metalink file \(inputFile)", Exit.usage)
+            }
+            defer { try? handle.close() }
+            let data: Data
+            do {
+                data = try handle.read(upToCount: Metalink.maxBytes + 1) ?? Data()  // nil: empty
+            } catch {
+                throw fail("cannot read the Metalink file \(inputFile)", Exit.usage)
+            }
             do {
                 list = Self.entries(try Metalink.parse(Array(data)))
             } catch {

@@ -76,11 +76,12 @@ struct Get: AsyncParsableCommand {
             throw ValidationError("give a URL, -i FILE or --metalink FILE (one of them)")
         }
         if !(1...64).contains(jobs) { throw ValidationError("--jobs must be between 1 and 64") }
-        if let list = inputFile.map({ ("-i", $0) }) ?? metalink.map({ ("--metalink", $0) }) {
-            _ = list.1
-            if output != nil { throw ValidationError("-o names one file; with \(list.0) use -d") }
-            if checksum != nil { throw ValidationError("--checksum is for one file, not for \(list.0)") }
-            if restart { throw ValidationError("--restart is for one file, not for \(list.0)") }
+        if let list = inputFile != nil ? "-i" : metalink != nil ? "--metalink" : nil {
+            if output != nil {
+                throw ValidationError("-o names one file; with \(list) use -d" + (inputFile != nil ? " and out=NAME in the list" : ""))
+            }
+            if checksum != nil { throw ValidationError("--checksum is for one file, not for \(list)") }
+            if restart { throw ValidationError("--restart is for one file, not for \(list)") }
         }
         if let checksum, ExpectedDigest(checksumArgument: checksum) == nil {
             throw ValidationError("--checksum must be ALGO=HEX with ALGO one of sha-256, sha-512, sha-1, md5 and HEX of the right length")

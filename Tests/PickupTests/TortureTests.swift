@@ -17,9 +17,10 @@ import TestServer
 /// timeout, so that runs must grow more patient), sometimes goes through Squid (when installed)
 /// in absolute form or through a CONNECT tunnel (`--proxytunnel`: the test server's port is added
 /// to Squid's SSL_ports), sometimes fetches the file over FTP from pyftpdlib (sometimes from one of
-/// its own that cuts every transfer after some hundred KiB and refuses sessions past 2 to 4 with
-/// 421) or over FTPS from vsftpd (when installed, and root for vsftpd: the validator is SIZE and MDTM, a change rewrites
-/// the file with a later time); then runs to the end, and once more. The invariants:
+/// its own that refuses sessions past 2 to 4 with 421 and cuts every transfer after some hundred
+/// KiB, or refuses REST) or over FTPS from vsftpd (when installed, and root for vsftpd: the
+/// validator is SIZE and MDTM, a change rewrites the file with a later time); then runs to the
+/// end, and once more. The invariants:
 /// - no process ends by a signal other than the test's SIGKILL;
 /// - a run that ends by itself exits 0, or 6 when a fault was injected into it;
 /// - exit 0 means the file holds exactly the server's current bytes;
@@ -163,11 +164,16 @@ struct TortureTests {
             let when = Date(timeIntervalSince1970: 1_790_000_000 + Double(version) * 600)
             try FileManager.default.setAttributes([.modificationDate: when], ofItemAtPath: file)
         }
-        // A server of its own (its limit on sessions is per address): every transfer cut after some
-        // hundred KiB (each resumed with REST), and 421 past 2 to 4 sessions (fewer connections).
+        // A server of its own (its limit on sessions is per address): 421 past 2 to 4 sessions
+        // (fewer connections), and either every transfer cut after some hundred KiB (each resumed
+        // with REST) or, one time in four, REST refused (every run starts from byte 0, over one
+        // connection; cuts as well would never let a transfer end).
         let flaky = behaviour == .overFlakyFTP
-            ? try FTPServerProcess(root: servers.ftpRoot.path.string, bytesPerSecond: 1 << 20,
-                                   faults: .init(dropAfter: 300_000 + pick(700_000), drops: 1 << 30, maxSessions: 2 + pick(3)))
+            ? try FTPServerProcess(root: servers.ftpRoot.path.string, bytesPerSecond: 1 << 20, faults: {
+                let maxSessions = 2 + pick(3)
+                if pick(4) == 0 { return .init(refuseREST: true, maxSessions: maxSessions) }
+                return .init(dropAfter: 300_000 + pick(700_000), drops: 1 << 30, maxSessions: maxSessions)
+            }())
             : nil
         defer { flaky?.stop() }
         var version = 1

@@ -15,6 +15,7 @@ enum LocalServer {
         process.standardOutput = out
         process.standardError = out
         try process.runWithSignalsUnblocked()
+        try? out?.close()  // the child has its own copy
         let deadline = Date().addingTimeInterval(seconds)
         while !Nginx.canConnect(port) {
             guard Date() < deadline, process.isRunning else {
@@ -27,8 +28,8 @@ enum LocalServer {
         return process
     }
 
-    /// Kills it (SIGKILL: a child spawned from a thread that blocks signals may not see SIGTERM),
-    /// reaps it, and removes its folder.
+    /// Kills it (SIGKILL: nothing of a test server's needs a clean exit), reaps it, and removes
+    /// its folder.
     static func stop(_ process: Process, work: String?) {
         if process.isRunning {
             kill(process.processIdentifier, SIGKILL)

@@ -34,16 +34,10 @@ public enum LinkHeader {
 
     /// The mirrors a response names (`rel=duplicate`), by priority then as written.
     public static func duplicates(_ values: [String]) -> [Metalink.Mirror] {
-        links(values).enumerated().compactMap { i, link -> (Int, Metalink.Mirror)? in
+        Metalink.Mirror.byPriority(links(values).compactMap { link in
             guard link.relations.contains("duplicate"), (try? DownloadURL.check(link.target)) != nil else { return nil }
-            let priority = link.parameters["pri"].flatMap { Int($0) }.flatMap { (1...999_999).contains($0) ? $0 : nil }
-            return (i, Metalink.Mirror(url: link.target, priority: priority, location: link.parameters["geo"]))
-        }
-        .sorted { a, b in
-            let (pa, pb) = (a.1.priority ?? Int.max, b.1.priority ?? Int.max)
-            return pa != pb ? pa < pb : a.0 < b.0
-        }
-        .map(\.1)
+            return Metalink.Mirror(url: link.target, priority: Metalink.Mirror.priority(link.parameters["pri"]), location: link.parameters["geo"])
+        })
     }
 
     /// The Metalink document a response points to (`rel=describedby; type="application/metalink4+xml"`).

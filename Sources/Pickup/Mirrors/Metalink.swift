@@ -28,6 +28,19 @@ public struct Metalink: Sendable, Equatable {
         public var url: String
         public var priority: Int?
         public var location: String?
+
+        /// A priority as written (`priority="2"`, `pri=2`): 1 to 999,999, else none.
+        static func priority(_ text: String?) -> Int? {
+            text.flatMap { Int($0) }.flatMap { (1...999_999).contains($0) ? $0 : nil }
+        }
+
+        /// By priority (none last), then in the order written.
+        static func byPriority(_ mirrors: [Mirror]) -> [Mirror] {
+            mirrors.enumerated().sorted { a, b in
+                let (pa, pb) = (a.element.priority ?? Int.max, b.element.priority ?? Int.max)
+                return pa != pb ? pa < pb : a.offset < b.offset
+            }.map(\.element)
+        }
     }
 
     public struct File: Sendable, Equatable {
@@ -144,29 +157,6 @@ public struct Metalink: Sendable, Equatable {
         }
         return false
     }
-
-    /// Lowercase or uppercase hex, even length; nil otherwise.
-    static func hex(_ text: String) -> [UInt8]? {
-        let chars = Array(text.utf8)
-        guard !chars.isEmpty, chars.count % 2 == 0 else { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(chars.count / 2)
-        func nibble(_ c: UInt8) -> UInt8? {
-            switch c {
-            case 48...57: c - 48
-            case 97...102: c - 87
-            case 65...70: c - 55
-            default: nil
-            }
-        }
-        var i = 0
-        while i < chars.count {
-            guard let hi = nibble(chars[i]), let lo = nibble(chars[i + 1]) else { return nil }
-            out.append(hi << 4 | lo)
-            i += 2
-        }
-        return out
-    }
 }
 
 /// A file as read, before it is checked.
@@ -186,15 +176,13 @@ struct MetalinkDraft {
         var pieces: Metalink.Pieces? = nil
         if !pieceFailed, let length = pieceLength, let algorithm = pieceAlgorithm, !pieceHashes.isEmpty,
             pieceHashes.allSatisfy({ $0.count == algorithm.byteCount }),
-            size.map({ s in Int64(pieceHashes.count) == (s + length - 1) / length }) ?? true
+            // The pieces a size needs, rounded up without `size + length - 1` (which a size near
+            // Int64.max would overflow).
+            size.map({ s in Int64(pieceHashes.count) == s / length + (s % length == 0 ? 0 : 1) }) ?? true
         {
             pieces = Metalink.Pieces(length: length, algorithm: algorithm, hashes: pieceHashes)
         }
-        let ordered = mirrors.enumerated().sorted { a, b in
-            let (pa, pb) = (a.element.priority ?? Int.max, b.element.priority ?? Int.max)
-            return pa != pb ? pa < pb : a.offset < b.offset
-        }.map(\.element)
-        return Metalink.File(name: name, size: size, hashes: hashes, pieces: pieces, mirrors: ordered)
+        return Metalink.File(name: name, size: size, hashes: hashes, pieces: pieces, mirrors: Metalink.Mirror.byPriority(mirrors))
     }
 }
 
@@ -259,19 +247,19 @@ final class MetalinkReader: NSObject, XMLParserDelegate {
         case ("file"?, "size"):
             current?.size = Int64(value).flatMap { $0 >= 0 ? $0 : nil }
         case ("file"?, "hash"):
-            if let algorithm = attributes["type"].flatMap(DigestAlgorithm.init(name:)), let bytes = Metalink.hex(value),
+            if let algorithm = attributes["type"].flatMap(DigestAlgorithm.init(name:)), let bytes = Hex.decode(value),
                 bytes.count == algorithm.byteCount
             {
                 current?.hashes.append(Metalink.Hash(algorithm: algorithm, bytes: bytes))
             }
         case ("pieces"?, "hash"):
             guard (current?.pieceHashes.count ?? 0) < Metalink.maxPieces else { return stop(parser, "has more than \(Metalink.maxPieces) pieces") }
-            if let bytes = Metalink.hex(value) { current?.pieceHashes.append(bytes) } else { current?.pieceFailed = true }
+            if let bytes = Hex.decode(value) { current?.pieceHashes.append(bytes) } else { current?.pieceFailed = true }
         case ("file"?, "url"):
             guard (current?.mirrors.count ?? 0) < Metalink.maxURLs else { return stop(parser, "names more than \(Metalink.maxURLs) URLs for a file") }
             if (try? DownloadURL.check(value)) != nil {
-                let priority = attributes["priority"].flatMap { Int($0) }.flatMap { (1...999_999).contains($0) ? $0 : nil }
-                current?.mirrors.append(Metalink.Mirror(url: value, priority: priority, location: attributes["location"]))
+                current?.mirrors.append(Metalink.Mirror(url: value, priority: Metalink.Mirror.priority(attributes["priority"]),
+                                                        location: attributes["location"]))
             }
         default:
             break
