@@ -29,10 +29,13 @@ public struct APIDownload: Codable, Sendable, Equatable {
     public var finishedAt: Double?
     /// The names of the header fields it sends (never their values).
     public var headers: [String]?
+    /// Mirrors of the same file (credentials removed).
+    public var mirrors: [String]?
 
     init(_ info: DownloadInfo, root: FilePath) {
         id = info.id.rawValue
         url = DownloadURL.redacted(info.url)
+        mirrors = info.mirrors.isEmpty ? nil : info.mirrors.map(DownloadURL.redacted)
         headers = info.options.headers.isEmpty ? nil : info.options.headers.map(\.name)
         switch (info.path, info.destination) {
         case (let path?, _): name = Confinement.relative(path, to: root)
@@ -216,7 +219,10 @@ public struct APIErrorEnvelope: Codable, Sendable {
 
 /// `POST /downloads`.
 public struct APIAddRequest: Codable, Sendable {
+    /// The URL (or give `urls`).
     public var url: String
+    /// Mirrors of the same file; without `url`, the first of them is the URL.
+    public var urls: [String]?
     /// A file name or a relative path inside the download root (else the server's name).
     public var name: String?
     public var priority: Int?
@@ -233,11 +239,13 @@ public struct APIAddRequest: Codable, Sendable {
     public var headers: [String: String]?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case url, name, priority, checksum, connections, speedLimit, paused, headers
+        case url, urls, name, priority, checksum, connections, speedLimit, paused, headers
     }
 
     public init(url: String, name: String? = nil, priority: Int? = nil, checksum: String? = nil,
-                connections: Int? = nil, speedLimit: Int64? = nil, paused: Bool? = nil, headers: [String: String]? = nil) {
+                connections: Int? = nil, speedLimit: Int64? = nil, paused: Bool? = nil, headers: [String: String]? = nil,
+                urls: [String]? = nil) {
+        self.urls = urls
         self.headers = headers
         self.url = url
         self.name = name
@@ -251,7 +259,13 @@ public struct APIAddRequest: Codable, Sendable {
     public init(from decoder: any Decoder) throws {
         try StrictKeys.check(decoder, CodingKeys.self)
         let c = try decoder.container(keyedBy: CodingKeys.self)
-        url = try c.decode(String.self, forKey: .url)
+        urls = try c.decodeIfPresent([String].self, forKey: .urls)
+        if let first = urls?.first, !c.contains(.url) {
+            url = first
+            urls = Array(urls!.dropFirst())
+        } else {
+            url = try c.decode(String.self, forKey: .url)
+        }
         name = try c.decodeIfPresent(String.self, forKey: .name)
         priority = try c.decodeIfPresent(Int.self, forKey: .priority)
         checksum = try c.decodeIfPresent(String.self, forKey: .checksum)
@@ -334,14 +348,7 @@ extension APIDownload {
     func write(to w: inout JSONWriter) {
         w.raw(#"{"id":"#); w.number(id)
         w.raw(#","url":"#); w.string(url)
-        if let headers {
-            w.raw(#","headers":["#)
-            for (i, h) in headers.enumerated() {
-                if i > 0 { w.raw(",") }
-                w.string(h)
-            }
-            w.raw("]")
-        }
+        if let headers { Self.strings(headers, as: "headers", to: &w) }
         if let name { w.raw(#","name":"#); w.string(name) }
         w.raw(#","state":"#); w.string(state)
         w.raw(#","priority":"#); w.number(priority)
@@ -359,9 +366,20 @@ extension APIDownload {
         if let speedLimit { w.raw(#","speedLimit":"#); w.number(speedLimit) }
         if let connections { w.raw(#","connections":"#); w.number(connections) }
         if let checksum { w.raw(#","checksum":"#); w.string(checksum) }
+        if let mirrors { Self.strings(mirrors, as: "mirrors", to: &w) }
         w.raw(#","addedAt":"#); w.number(addedAt)
         if let finishedAt { w.raw(#","finishedAt":"#); w.number(finishedAt) }
         w.raw("}")
+    }
+
+    /// `,"key":[...]` of strings.
+    static func strings(_ values: [String], as key: StaticString, to w: inout JSONWriter) {
+        w.raw(#",""#); w.raw(key); w.raw(#"":["#)
+        for (i, v) in values.enumerated() {
+            if i > 0 { w.raw(",") }
+            w.string(v)
+        }
+        w.raw("]")
     }
 
     /// `[...]` of `downloads`, as JSON bytes.

@@ -81,7 +81,7 @@ struct Routes {
         }
         let item = NewDownload(url: body.url, to: destination, priority: body.priority ?? 0, checksum: checksum,
                                speedLimit: body.speedLimit, paused: body.paused ?? false, connections: body.connections,
-                               options: options)
+                               options: options, mirrors: (body.urls ?? []).filter { $0 != body.url })
         let id: DownloadID
         do throws(PickupError) { id = try await manager.add([item])[0] } catch { throw APIError(error) }
         guard let info = await manager.download(id) else { throw APIError.notFound("the download was removed meanwhile") }

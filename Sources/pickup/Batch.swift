@@ -10,16 +10,18 @@ import SystemPackage
 struct Batch {
     let get: Get
     let inputFile: String
-    /// `--metalink`: the file is a Metalink 4 document, each of its files an entry (its first URL
-    /// by priority, its strongest hash as the checksum).
+    /// `--metalink`: the file is a Metalink 4 document, each of its files an entry (its URLs by
+    /// priority as mirrors, its strongest hash as the checksum, its piece hashes).
     var metalink = false
 
     /// A Metalink document's files as list entries: named as it names them (sanitized), from
-    /// their first URL by priority, verified with their strongest whole-file hash.
+    /// all their URLs (the first by priority is the primary), verified piece by piece and with
+    /// their strongest whole-file hash.
     static func entries(_ m: Metalink) -> InputList {
         InputList(entries: m.files.enumerated().map { i, f in
             InputList.Entry(url: f.mirrors[0].url, name: f.name, line: i + 1,
-                            checksum: f.strongestHash.map { ExpectedDigest(source: "the Metalink file", algorithm: $0.algorithm, bytes: $0.bytes) })
+                            checksum: f.strongestHash.map { ExpectedDigest(source: "the Metalink file", algorithm: $0.algorithm, bytes: $0.bytes) },
+                            mirrors: f.mirrors.dropFirst().map(\.url), pieces: f.pieces)
         })
     }
 
@@ -77,7 +79,8 @@ struct Batch {
                 var options = try get.http.options(for: e.url)
                 options.headers += e.headers
                 return NewDownload(url: e.url, to: e.name.map { .file(outDir.appending($0)) } ?? .directory(outDir),
-                                   checksum: e.checksum, overwrite: get.overwrite, options: options)
+                                   checksum: e.checksum, overwrite: get.overwrite, options: options, mirrors: e.mirrors,
+                                   pieces: e.pieces)
             })
         } catch {
             if let e = error as? PickupError { throw fail("\(e)", Get.code(for: e)) }

@@ -16,8 +16,14 @@ struct Get: AsyncParsableCommand {
             Interrupt it any way you like and run the same command again to continue.
             """)
 
-    @Argument(help: "The http, https or ftp URL to download (or use -i).")
-    var url: String?
+    @Argument(help: ArgumentHelp(
+        "The http, https or ftp URL to download (or use -i). More URLs are mirrors of the same file: "
+            + "its connections spread over them by speed, each mirror with its own validators (all must agree on the length).",
+        valueName: "url"))
+    var urls: [String] = []
+
+    /// The URL given first (the file's name and identity come from it).
+    var url: String? { urls.first }
 
     @Option(name: [.short, .customLong("input-file")], help: ArgumentHelp(
         "Download every URL listed in this file: one a line, # comments, an optional out=NAME after a URL. "
@@ -89,8 +95,10 @@ struct Get: AsyncParsableCommand {
         if let limitRate, Self.rate(limitRate) == nil {
             throw ValidationError("--limit-rate must be a number of bytes per second of at least 1K (1024), optionally with K, M or G")
         }
-        guard let url else { return }
-        do { try DownloadURL.check(url) } catch { throw ValidationError(error.description) }
+        if urls.count > 65 { throw ValidationError("at most 64 mirrors besides the first URL") }
+        for url in urls {
+            do { try DownloadURL.check(url) } catch { throw ValidationError(error.description) }
+        }
     }
 
     func run() async throws {
@@ -102,7 +110,7 @@ struct Get: AsyncParsableCommand {
             url: url, destination: destination, checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)),
             overwrite: overwrite, restart: restart,
             limiters: limitRate.flatMap(Self.rate).map { [RateLimiter(bytesPerSecond: $0)] } ?? [],
-            options: try http.options(for: url))
+            options: try http.options(for: url), mirrors: Array(urls.dropFirst()))
         let (options, transport) = engine.settings()
         let downloader = Downloader(options: options, transport: transport)
         let display = ProgressDisplay(quiet: quiet)

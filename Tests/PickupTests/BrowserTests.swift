@@ -208,6 +208,27 @@ func withBrowser(_ f: DaemonFixture, width: Int, height: Int, _ body: (Browser) 
         }
     }
 
+    /// Lines added as mirrors of one file make one download that asks every mirror.
+    @Test(.enabled(if: Browser.driverPath != nil && Browser.chromiumPath != nil, "needs chromium and chromedriver"))
+    func thePageAddsLinesAsMirrorsOfOneFile() async throws {
+        let f = try await DaemonFixture { $0.engine.connections = 4 }
+        let body = Resource.bytes(count: 6_000_000, seed: 26)
+        f.server.set("/m1/big.iso", Resource(body: body, etag: "\"one\"", bytesPerSecond: 2_000_000))
+        f.server.set("/m2/big.iso", Resource(body: body, etag: "\"two\"", bytesPerSecond: 2_000_000))
+        try await withBrowser(f, width: 412, height: 915) { browser in
+            try await browser.open(f.baseURL + "/")
+            try await browser.logIn(f.daemon.token)
+            let urls = ["/m1/big.iso", "/m2/big.iso"].map(f.server.url)
+            try await browser.type("#urls", urls.joined(separator: "\n"))
+            try await browser.click("#as-mirrors")
+            try await browser.click("#add-form button")
+            try await browser.waitFor("the download to finish on the page") { try await browser.states() == ["1": "completed"] }
+            #expect(f.root.read("big.iso") == body, "the file differs")
+            #expect(try await f.client.download(1).mirrors == [urls[1]])
+            #expect(f.server.requests("/m2/big.iso").contains { $0.status == 206 }, "\(f.server.requests("/m1/big.iso").map { ($0.status, $0.headers["range"] ?? "") })")
+        }
+    }
+
     /// The page's controls for what the manager can do: priority up and down, move to the front,
     /// a download's own limit, the order and batch-mode switches, clearing completed downloads.
     @Test(.enabled(if: Browser.driverPath != nil && Browser.chromiumPath != nil, "needs chromium and chromedriver"))

@@ -88,8 +88,13 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     private var discarded = 0
     /// Whether a body byte of this response arrived (a stall before one makes the next attempt more patient).
     private(set) var gotBody = false
-    /// The connection this attempt runs on.
+    /// The connection this attempt runs on, and the source it asks.
     let connection: Int
+    let source: Int
+    /// The response's status (0 before its head).
+    private(set) var status = 0
+    /// Where this response's body began to be written (its bytes are `firstOffset..<cursor.position`).
+    private(set) var firstOffset: Int64 = 0
     /// When the request was made (this object is made just before it is sent).
     private let sent = Clock.monotonic()
 
@@ -99,9 +104,11 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     /// The URL requested (for the cookies its response sets).
     let url: String
 
-    init(download: FileDownload, context: RequestContext, file: PartialFile, cursor: SegmentCursor, url: String, connection: Int) {
+    init(download: FileDownload, context: RequestContext, file: PartialFile, cursor: SegmentCursor, url: String, connection: Int,
+         source: Int = 0) {
         self.url = url
         self.connection = connection
+        self.source = source
         self.download = download
         self.context = context
         self.file = file
@@ -116,6 +123,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
 
     func receiveHead(_ head: ResponseHead) throws {
         download.keepCookies(from: head, url: url)
+        status = head.status
         let d = ResponseDecision.decide(head, context: context, now: Clock.wallSeconds())
         decision = d
         if d == .notModified, head.status != 304 { throw StopReading() }
@@ -125,9 +133,11 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         default: break
         }
         if let (cursor, start, end) = try download.beginWriting(decision: d, head: head, context: context, cursor: cursor,
-                                                                     latency: Clock.monotonic() - sent, connection: connection) {
+                                                                     latency: Clock.monotonic() - sent, connection: connection,
+                                                                     source: source) {
             self.cursor = cursor
             offset = start
+            firstOffset = start
             responseEnd = end ?? .max
             writing = true
         }

@@ -34,13 +34,23 @@ public struct DownloadRequest: Sendable {
     /// Header fields and cookies to send (``RequestOptions``); credentials in the URL are sent as
     /// `Authorization: Basic` unless a header gives one.
     public var options: RequestOptions
+    /// Mirrors of the same file (http, https, ftp or ftps URLs): each is its own server, with its
+    /// own validators, connections and failures; all must agree on the length. Without hashes
+    /// (``checksum``, ``pieces``) their bytes are trusted as far as the length and each one's
+    /// validators go.
+    public var mirrors: [String]
+    /// Piece hashes (from a Metalink file): each piece is checked once every byte is held, and a
+    /// bad one is fetched again from another source.
+    public var pieces: Metalink.Pieces?
 
     /// A request.
     public init(
         url: String, destination: Destination, checksum: ExpectedDigest? = nil, overwrite: Bool = false,
         restart: Bool = false, limiters: [RateLimiter] = [], connections: Int? = nil, root: FilePath? = nil,
-        options: RequestOptions = RequestOptions()
+        options: RequestOptions = RequestOptions(), mirrors: [String] = [], pieces: Metalink.Pieces? = nil
     ) {
+        self.mirrors = mirrors
+        self.pieces = pieces
         self.root = root
         self.options = options
         self.connections = connections

@@ -153,15 +153,18 @@ extension FileDownload {
         return true
     }
 
-    /// The digest of the open partial file, read from its start in 1 MiB blocks.
-    static func digest(of file: PartialFile, algorithm: DigestAlgorithm) throws -> [UInt8] {
+    /// The digest of the open partial file's bytes `start..<end` (to its end by default), read in 1 MiB blocks.
+    static func digest(of file: PartialFile, algorithm: DigestAlgorithm, from start: Int64 = 0, to end: Int64 = .max) throws -> [UInt8] {
         var hasher = AnyHasher(algorithm)
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
         defer { buffer.deallocate() }
-        var offset: Int64 = 0
-        while true {
+        var offset = start
+        while offset < end {
             let n: Int
-            do { n = try file.fd.read(fromAbsoluteOffset: offset, into: buffer) } catch { throw PickupError.io(file.path.string, error) }
+            let want = Int(min(Int64(buffer.count), end - offset))
+            do {
+                n = try file.fd.read(fromAbsoluteOffset: offset, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<want]))
+            } catch { throw PickupError.io(file.path.string, error) }
             if n == 0 { break }
             offset += Int64(n)
             hasher.update(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))

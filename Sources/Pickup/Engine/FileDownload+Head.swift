@@ -9,7 +9,7 @@ extension FileDownload {
     /// the file-system calls it needs (the cursor file's mapping, preallocation, a truncation for a
     /// 200) run outside `lock`, and the control file is written on the blocking-I/O pool.
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
-                      cursor: SegmentCursor, latency: Double, connection: Int) throws -> (SegmentCursor, Int64, Int64?)? {
+                      cursor: SegmentCursor, latency: Double, connection: Int, source: Int = 0) throws -> (SegmentCursor, Int64, Int64?)? {
         switch decision {
         case .append(let at, let end, let total, let validators):
             mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })
@@ -20,6 +20,16 @@ extension FileDownload {
                 state.latency = latency
                 guard let file else { return nil }
                 if isDropped(cursor) { throw StopReading() }
+                if state.sources.several, let why = disagreement(source: source, total: total, validators: validators) {
+                    if state.sources.live.count > 1 { throw SourceRejected(reason: why) }
+                    throw RepresentationChanged(reason: why)
+                }
+                if source == 0, state.sources.count < 64, record.validators == nil {
+                    // Metalink/HTTP (RFC 6249): the first answer names the file's mirrors.
+                    for m in LinkHeader.duplicates(head.headers.filter { $0.name.caseInsensitiveEquals("Link") }.map(\.value)) {
+                        state.addMirror(m.url, connections: options.connections)
+                    }
+                }
                 var cursor = cursor
                 if let mapped = cursorFile, !cursor.isMapped {
                     // From now on this range's progress is kept in the cursor file.
@@ -29,7 +39,7 @@ extension FileDownload {
                     cursors[cursor.segment] = cursor
                 }
                 let decided = state.partialResponse(segment: cursor.segment, at: at, total: total, validators: validators,
-                                                    digest: Self.serverDigest(head),
+                                                    source: source, digest: Self.serverDigest(head),
                                                     connections: state.connectionsAllowed(options.connections))
                 let first = decided.described
                 if let end = decided.end { cursor.end.store(min(cursor.end.load(ordering: .relaxed), end), ordering: .relaxed) }
@@ -60,9 +70,14 @@ extension FileDownload {
         case .replace(let total, let validators):
             // Read with the staleness in one step: a response for a range that another 200 has
             // already replaced (and so made the ranges one) must not be taken for the only range.
-            let (ranges, file, dropped) = lock.withLock { (record.segments.count, self.file, isDropped(cursor)) }
+            let (ranges, file, dropped, rejectable) = lock.withLock {
+                (record.segments.count, self.file, isDropped(cursor),
+                 state.sources.several && state.sources.live.count > 1 && (context.offset > 0 || record.totalLength != nil))
+            }
             guard let file else { return nil }
             if dropped { throw StopReading() }
+            // A mirror that does not take ranges (or whose file changed) leaves; the others go on.
+            if rejectable { throw SourceRejected(reason: "it sent the whole file (200) to a range request") }
             if ranges > 1 || cursor.segment != 0 {
                 // A whole response from offset 0 while other ranges run (their validators did not
                 // match this server's: a load balancer's backends, a changed file): it is the one
@@ -82,7 +97,7 @@ extension FileDownload {
             }
             mapCursorsIfLarge(total: total)
             try discardHeld(file) { r in
-                r.validators = validators
+                r.setValidators(validators, of: source)
                 r.totalLength = total
                 r.segments = [SegmentRecord(start: 0, end: total, done: 0)]
                 r.serverDigest = Self.serverDigest(head)
@@ -102,6 +117,18 @@ extension FileDownload {
             lock.withLock { state.latency = latency }
             return nil
         }
+    }
+
+    /// Why a 206 from `source` cannot be part of this file when there are several sources: another
+    /// complete length, or validators that differ from that source's earlier answers. With `lock` held.
+    func disagreement(source: Int, total: Int64?, validators: Validators) -> String? {
+        if let known = record.totalLength, let total, known != total {
+            return "its length (\(total)) is not the file's (\(known))"
+        }
+        if let held = record.validators(of: source), !held.consistent(with: validators) {
+            return "its validators changed (its file changed?)"
+        }
+        return nil
     }
 
     /// Whether `cursor`'s range was dropped when another response replaced every held byte (its

@@ -6,6 +6,11 @@ struct RepresentationChanged: SinkError {
     let reason: String
 }
 
+/// One source's answer is not this file's (when others are live): that source goes.
+struct SourceRejected: SinkError {
+    let reason: String
+}
+
 extension ResponseDecision {
     /// Whether the body of this response is file content.
     var writes: Bool {
@@ -29,6 +34,7 @@ extension FileDownload {
             lock.withLock {
                 moreConnections = continuation
                 state.connectionsDecided = false
+                state.onSources { $0.newRound(connections: options.connections) }
             }
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -54,7 +60,16 @@ extension FileDownload {
                     }
                 }
                 let (result, complete) = lock.withLock { (unchanged, state.scheduler?.isComplete ?? true) }
-                if result != nil || complete { return result }
+                if result != nil { return result }
+                if complete {
+                    guard let pieces = request.pieces, !(try await BlockingIO.run({ try self.verifyPieces(pieces, file: file) }))
+                    else { return nil }
+                    restarts += 1
+                    guard restarts <= options.retry.maxAttemptsWithoutProgress else {
+                        throw PickupError.verification("pieces keep failing their hash from every source")
+                    }
+                    continue
+                }
                 // Every connection retired with ranges left (they kept failing while others worked):
                 // a fresh round of connections takes the rest, within the same restart budget.
                 restarts += 1
@@ -83,9 +98,23 @@ extension FileDownload {
 
     /// One connection: fetches its range, then takes more work from the scheduler until none is left.
     func connection(_ id: Int, file: PartialFile, conditional: (FilePath, CompletionRecord)?) async throws {
+        // Each connection asks one source at a time: the first asks the URL given first (unless
+        // it was rejected or sent a bad piece), the others the best source with room.
+        let bound = lock.withLock { () -> Bool in
+            state.onSources { s in
+                if id == 0, !s.isRetired(0), s.sources[0].badPieces == 0 || s.pick(avoiding: 0) == nil {
+                    s.bind(0, to: 0)
+                    return true
+                }
+                return s.bind(id) != nil
+            }
+        }
+        guard bound else { return }
+        defer { lock.withLock { state.onSources { $0.unbind(id) } } }
+        var conditional = conditional
+        if lock.withLock({ state.sources.source(of: id) }) != 0 { conditional = nil }
         var cursor: SegmentCursor? = id == 0 ? firstCursor() : assign(id)
         defer { lock.withLock { _ = state.ranges { $0.release(id) } } }
-        var conditional = conditional
         while true {
             while let c = cursor {
                 switch try await fetchRange(id, cursor: c, file: file, conditional: conditional) {
@@ -208,8 +237,16 @@ extension FileDownload {
         var redirects = 0
         var triedOriginalAgain = false
         var unresolved = 0
-        var url = lock.withLock { resolvedURL }
+        var source = lock.withLock { state.sources.source(of: id) ?? 0 }
+        let several = lock.withLock { state.sources.several }
+        var url = lock.withLock { source == 0 && !several ? resolvedURL : state.sources.url(source) }
         let retireAfter = 3
+        /// Goes on with source `to` (another mirror): its URL, its own redirects and failures.
+        func move(to: Int) {
+            source = to
+            url = lock.withLock { state.sources.url(to) }
+            (redirects, ownFailures, triedOriginalAgain, unresolved) = (0, 0, false, 0)
+        }
         // "Progress" is more bytes held than ever before in this run, on any connection, since this
         // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
         // bytes that replace held ones (a 200 cut short, again and again) are not progress.
@@ -220,7 +257,12 @@ extension FileDownload {
             // Another connection goes on alone (a response replaced every held byte): this one's
             // range is gone, and its cursor with it.
             if lock.withLock({ state.isStopped(id) }) { return .retired }
-            let (validators, total) = lock.withLock { (record.validators, record.totalLength) }
+            // Its source was retired (by another connection, or a bad piece): another one, or leave.
+            if several, lock.withLock({ state.sources.isRetired(source) }) {
+                guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
+                move(to: to)
+            }
+            let (validators, total) = lock.withLock { (record.validators(of: source), record.totalLength) }
             var offset = cursor.position.load(ordering: .relaxed)
             let end = cursor.end.load(ordering: .relaxed)
             if conditional == nil, offset >= end || (total != nil && offset >= total!) { return .done }
@@ -230,19 +272,30 @@ extension FileDownload {
                 cursor = firstCursor()
                 offset = 0
             }
+            // With several sources the length is the file's identity: every response must agree on it.
             let context = RequestContext(offset: offset, validators: offset > 0 ? validators : nil,
-                                         totalLength: offset > 0 ? total : nil,
+                                         totalLength: offset > 0 || several ? total : nil,
                                          finished: conditional.flatMap { c in c.1.validators.map { ($0, c.1.length) } })
             let headers = Self.requestHeaders(offset: offset, end: end, validators: validators,
-                                              conditional: conditional?.1.validators) + userFields(for: url)
-            let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url, connection: id)
+                                              conditional: conditional?.1.validators) + userFields(for: url, source: source)
+            let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url, connection: id,
+                                  source: source)
             var failure: String? = nil
             var retryAfter: Int64? = nil
+            var busy = false
+            let began = Clock.monotonic()
             do {
                 let patience = lock.withLock { state.patience[id] ?? 0 }
                 try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience), into: sink)
             } catch is RangeComplete {
                 return .done
+            } catch let rejected as SourceRejected {
+                // This source's answer is not this file (another length, no ranges, other
+                // validators): retired, and the range goes on from another source.
+                if let notice = lock.withLock({ state.reject(source, why: rejected.reason) }) { onEvent(.notice(notice)) }
+                guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
+                move(to: to)
+                continue
             } catch is StopReading {
                 // The head said all there is to know (an unchanged file sent again, or a range
                 // dropped when another response replaced every held byte): decided below.
@@ -252,8 +305,9 @@ extension FileDownload {
                 case .transient(let m): failure = m
                 case .busy(let m):
                     // The server's limit on sessions: one connection fewer, unless it is the last.
-                    if retire(id, because: m) { return .retired }
+                    if !several, retire(id, because: m) { return .retired }
                     failure = m
+                    busy = true
                 case .stalled:
                     failure = e.message
                     // Slow to start (an archive built on the fly, cold storage) or slow again: the
@@ -275,6 +329,13 @@ extension FileDownload {
                 }
             }
             cursor = sink.cursor
+            if sink.decision?.writes == true {
+                let (from, to, seconds) = (sink.firstOffset, cursor.position.load(ordering: .relaxed), Clock.monotonic() - began)
+                lock.withLock {
+                    state.onSources { $0.measured(source, bytes: to - from, seconds: seconds) }
+                    state.wrote(from, to, by: source)
+                }
+            }
             if lock.withLock({ state.isStopped(id) }) { return .retired }
             let now = lock.withLock { state.heldAtMost(heldBytes()) }
             let progressed = now > sinceLastFailure
@@ -301,6 +362,13 @@ extension FileDownload {
                 if let conditional { return .unchanged(conditional.0, conditional.1) }
                 return .done
             case .startOver(let why)?:
+                // One mirror's file is not the others' (changed, another length): it goes, not the bytes.
+                if several, let notice = lock.withLock({ state.reject(source, why: why) }) {
+                    onEvent(.notice(notice))
+                    guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
+                    move(to: to)
+                    continue
+                }
                 throw RepresentationChanged(reason: why)
             case .redirect(let location)?:
                 redirects += 1
@@ -308,15 +376,26 @@ extension FileDownload {
                     throw PickupError.server(status: nil, "more than \(options.maxRedirects) redirects")
                 }
                 url = try resolveRedirect(location, from: url)
-                if id == 0 { lock.withLock { resolvedURL = url } }
+                lock.withLock {
+                    if id == 0 && source == 0 { resolvedURL = url }
+                    if several { state.onSources { $0.redirected(source, to: url) } }
+                }
                 continue
             case .retry(let after, let why)?:
                 failure = why
                 retryAfter = after
+                busy = sink.status == 503 || sink.status == 429
             case .fail(let status, let why)?:
-                if [403, 404, 410].contains(status), url != request.url, !triedOriginalAgain {
+                let given = lock.withLock { state.sources.sources[source].url }
+                if [403, 404, 410].contains(status), url != given, !triedOriginalAgain {
                     triedOriginalAgain = true
-                    url = request.url
+                    url = given
+                    continue
+                }
+                if several, let notice = lock.withLock({ state.onSources { $0.retire(source, why: why) } }) {
+                    onEvent(.notice(notice))
+                    guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
+                    move(to: to)
                     continue
                 }
                 if retire(id, because: why) { return .retired }
@@ -326,6 +405,27 @@ extension FileDownload {
             failuresInRow = progressed ? 1 : failuresInRow + 1
             ownFailures += 1
             sinceLastFailure = now
+            // Several sources: a busy one (503, too many connections) takes no more, a failing one
+            // is left for another with room, and one that keeps failing is retired.
+            if several, failuresInRow <= options.retry.maxAttemptsWithoutProgress {
+                let (next, notice) = lock.withLock { () -> (SourceSet.Next, String?) in
+                    let others = state.activeConnections > 1
+                    return state.onSources { s in
+                        busy ? (s.busy(source, connection: id, othersFetching: others), nil)
+                            : s.failed(source, connection: id, why: failure)
+                    }
+                }
+                if let notice { onEvent(.notice(notice)) }
+                switch next {
+                case .retry: break
+                case .moveTo(let to):
+                    move(to: to)
+                    continue
+                case .leave:
+                    onEvent(.notice("connection \(id + 1) retired: \(failure)"))
+                    return .retired
+                }
+            }
             if ownFailures > retireAfter, retire(id, because: "\(ownFailures) failures in a row: \(failure)") {
                 return .retired
             }

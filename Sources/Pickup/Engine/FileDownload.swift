@@ -94,7 +94,8 @@ final class FileDownload: @unchecked Sendable {
             let basic = RequestOptions.credentials(in: request.url) { headers.append(basic) }
         userHeaders = headers
         jar = request.options.cookies
-        state = RunState(record: Self.emptyRecord(url: request.url), minSplit: options.minSplitSize)
+        state = RunState(record: Self.emptyRecord(url: request.url), minSplit: options.minSplitSize,
+                         sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections))
         resolvedURL = request.url
     }
 
@@ -290,10 +291,18 @@ final class FileDownload: @unchecked Sendable {
 
     /// The user's fields and the matching cookies for a request to `url` (secrets only to the
     /// origin of the URL the user gave).
-    func userFields(for url: String) -> [(name: String, value: String)] {
-        lock.withLock {
+    /// A mirror's own credentials (in its URL) go to its origin only.
+    func userFields(for url: String, source: Int = 0) -> [(name: String, value: String)] {
+        var fields = lock.withLock {
             RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: jar, now: Clock.wallSeconds())
         }
+        if source > 0, let given = lock.withLock({ state.sources.sources[source].url }) as String?,
+            Origin(url) == Origin(given), let basic = RequestOptions.credentials(in: given),
+            !fields.contains(where: { $0.name.caseInsensitiveEquals("Authorization") })
+        {
+            fields.append((basic.name, basic.value))
+        }
+        return fields
     }
 
     /// Keeps the cookies a response to `url` sets, for the rest of this run (along a redirect chain).

@@ -36,10 +36,85 @@ struct RunState {
     /// The most bytes held at once in this run: what the retry budget counts progress by (a
     /// restart does not lower it).
     private(set) var mostHeld: Int64 = 0
+    /// The servers the file comes from and which connection asks which (``SourceSet``); their
+    /// validators and rejections are the record's (``ControlRecord/mirrors``).
+    private(set) var sources: SourceSet
+    /// Which source wrote which bytes in this run (start, end, source), for blaming a bad piece.
+    private(set) var provenance: [(start: Int64, end: Int64, source: Int)] = []
 
-    init(record: ControlRecord, minSplit: Int64) {
+    init(record: ControlRecord, minSplit: Int64, sources: SourceSet? = nil) {
         checkpoints = Checkpoints(record: record)
         self.minSplit = minSplit
+        self.sources = sources ?? SourceSet(urls: [record.url], connections: 1)
+        alignMirrors()
+    }
+
+    /// The record's mirrors follow the sources (in order), keeping each one's validators and
+    /// rejection by URL; a rejected mirror stays retired.
+    private mutating func alignMirrors() {
+        let old = record.mirrors ?? []
+        let aligned = sources.sources.dropFirst().map { s in old.first { $0.url == s.url } ?? SourceRecord(url: s.url) }
+        if (record.mirrors ?? []) != aligned { checkpoints.update { $0.mirrors = aligned.isEmpty ? nil : aligned } }
+        for (i, m) in aligned.enumerated() { if let why = m.rejected { _ = sources.retire(i + 1, why: why) } }
+    }
+
+    /// Changes the sources' run-time state.
+    @discardableResult
+    mutating func onSources<T>(_ change: (inout SourceSet) -> T) -> T { change(&sources) }
+
+    /// Source `i` sent bytes that are not this file's (`why`): retired (and, for a mirror, remembered
+    /// in the record) while another is live. Returns the notice, nil when it is the last live one.
+    mutating func reject(_ i: Int, why: String) -> String? {
+        guard let notice = sources.retire(i, why: why) else { return nil }
+        if i > 0 { checkpoints.update { r in if r.mirrors?.indices.contains(i - 1) == true { r.mirrors![i - 1].rejected = why } } }
+        return notice
+    }
+
+    /// A mirror named along the way (`Link: rel=duplicate`) becomes a source.
+    mutating func addMirror(_ url: String, connections: Int) {
+        guard sources.add(url, connections: connections) != nil else { return }
+        checkpoints.update { $0.mirrors = ($0.mirrors ?? []) + [SourceRecord(url: url)] }
+    }
+
+    /// Source `source` wrote `start..<end` in this run.
+    mutating func wrote(_ start: Int64, _ end: Int64, by source: Int) {
+        guard end > start, provenance.count < 100_000 else { return }
+        provenance.append((start, end, source))
+    }
+
+    /// The source that wrote all of `start..<end` in this run, when one did alone (a piece written
+    /// partly by several sources, or before a kill, blames none of them).
+    func soleWriter(of start: Int64, _ end: Int64) -> Int? {
+        let writers = provenance.filter { $0.start < end && $0.end > start }
+        guard let s = writers.first?.source, writers.allSatisfy({ $0.source == s }) else { return nil }
+        // Covered without a gap (bytes from before this run have no writer).
+        var next = start
+        for w in writers.sorted(by: { $0.start < $1.start }) where w.start <= next { next = max(next, w.end) }
+        return next >= end ? s : nil
+    }
+
+    /// Bytes `bad` (pieces that failed their hash) are no longer held: the ranges covering them
+    /// are cut around them; the ranges are rebuilt, unowned, once the store returned is carried
+    /// out. Every range must be complete (the round is over and its checkpoint stored).
+    mutating func reopen(_ bad: [(start: Int64, end: Int64)]) -> Checkpoints.Action {
+        guard let total = record.totalLength else { return .none }
+        // Every byte is held: the ranges are the held stretches between the bad pieces, and the
+        // bad pieces, empty.
+        var segments: [SegmentRecord] = []
+        var next: Int64 = 0
+        for (a, b) in bad.sorted(by: { $0.start < $1.start }) where a >= next && b <= total {
+            if a > next { segments.append(SegmentRecord(start: next, end: a, done: a - next)) }
+            if let last = segments.last, last.done == 0, last.end == a {
+                segments[segments.count - 1].end = b
+            } else {
+                segments.append(SegmentRecord(start: a, end: b, done: 0))
+            }
+            next = b
+        }
+        if next < total { segments.append(SegmentRecord(start: next, end: total, done: total - next)) }
+        provenance.removeAll()
+        // Stored as a recovery is: once stored, these are the ranges (``stored(_:version:)``).
+        return checkpoints.recovered(segments)
     }
 
     /// The control record: the download's description and each range's durable bytes.
@@ -61,6 +136,7 @@ struct RunState {
     /// the length is known.
     mutating func loaded(_ record: ControlRecord) {
         checkpoints.loaded(record)
+        alignMirrors()
         rebuildRanges(claiming: nil)
     }
 
@@ -125,13 +201,13 @@ struct RunState {
         var decidedTotal: Int64?
     }
 
-    mutating func partialResponse(segment: Int, at: Int64, total: Int64?, validators: Validators,
+    mutating func partialResponse(segment: Int, at: Int64, total: Int64?, validators: Validators, source: Int = 0,
                                   digest: ExpectedDigest?, connections: Int) -> Partial {
         var result = Partial()
-        if record.validators == nil || record.totalLength == nil && total != nil {
+        if record.validators(of: source) == nil || record.totalLength == nil && total != nil {
             result.described = true
             checkpoints.update { r in
-                r.validators = validators
+                r.setValidators(validators, of: source)
                 r.totalLength = total
                 if at == 0 || r.serverDigest == nil { r.serverDigest = digest }
             }
@@ -140,7 +216,8 @@ struct RunState {
         if !connectionsDecided, let total = scheduler?.total {
             connectionsDecided = true
             result.decidedTotal = total
-            let parallel = connections > 1 && validators.ifRange != nil
+            // Several sources split the file by length alone (each with its own validators).
+            let parallel = connections > 1 && (validators.ifRange != nil || sources.several)
             result.running = ranges { s -> Int in
                 if parallel { s.plan(connections: connections) }
                 return s.segments.filter({ $0.remaining > 0 }).count

@@ -140,7 +140,8 @@ extension DownloadManager {
     /// The engine's request for a download.
     static func request(for info: DownloadInfo, root: FilePath?) -> DownloadRequest {
         DownloadRequest(url: info.url, destination: info.destination, checksum: info.checksum, overwrite: info.overwrite,
-                        connections: info.connections, root: root, options: info.options)
+                        connections: info.connections, root: root, options: info.options, mirrors: info.mirrors,
+                        pieces: info.pieces)
     }
 
     /// A destination with an absolute path, so that it means the same after a restart elsewhere.
@@ -154,8 +155,10 @@ extension DownloadManager {
         }
     }
 
-    static func validate(_ url: String, _ destination: Destination, connections: Int? = nil) throws(PickupError) {
+    static func validate(_ url: String, _ destination: Destination, connections: Int? = nil, mirrors: [String] = []) throws(PickupError) {
         try DownloadURL.check(url)
+        guard mirrors.count <= 64 else { throw .invalidInput("at most 64 mirrors, not \(mirrors.count)") }
+        for m in mirrors { try DownloadURL.check(m) }
         if let n = connections, !(1...32).contains(n) { throw .invalidInput("connections must be 1 to 32, not \(n)") }
         _ = try FileDownload.paths(for: DownloadRequest(url: url, destination: destination))
     }

@@ -255,7 +255,7 @@ public actor DownloadManager {
         let now = Date()
         for (i, item) in items.enumerated() {
             let destination = Self.absolute(item.destination)
-            try Self.validate(item.url, destination, connections: item.connections)
+            try Self.validate(item.url, destination, connections: item.connections, mirrors: item.mirrors)
             try RateLimiter.validate(item.speedLimit)
             let key = Key(item.url, destination)
             if let id = keys[key] {
@@ -273,7 +273,8 @@ public actor DownloadManager {
                 state: item.paused ? .paused : .waiting, priority: item.priority,
                 progress: DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0), path: nil, failure: nil,
                 speedLimit: item.speedLimit, checksum: item.checksum, overwrite: item.overwrite,
-                connections: item.connections, addedAt: now, finishedAt: nil, options: item.options)
+                connections: item.connections, addedAt: now, finishedAt: nil, options: item.options,
+                mirrors: item.mirrors, pieces: item.pieces)
             fresh.append((i, DownloadRow(info: info, place: place)))
             place += 1
         }

@@ -8,6 +8,7 @@
 ///   out=from-the-next-line.iso
 /// ```
 ///
+/// More URLs on a URL's line, separated by tabs (aria2's form), are mirrors of the same file.
 /// `out=NAME` names the file in the download directory; it may not leave that directory. Indented
 /// lines below a URL hold one option each, the whole line its value (aria2's form): `out=`,
 /// `header=Name: value` (repeatable), `checksum=sha-256=HEX`, `user-agent=`, `referer=`.
@@ -22,8 +23,15 @@ public struct InputList: Sendable, Equatable {
         public var headers: [RequestHeader] = []
         /// The digest the file must have (`checksum=`).
         public var checksum: ExpectedDigest?
+        /// Mirrors of the same file (more URLs on the line).
+        public var mirrors: [String] = []
+        /// Piece hashes (a Metalink file's).
+        public var pieces: Metalink.Pieces?
 
-        public init(url: String, name: String? = nil, line: Int, headers: [RequestHeader] = [], checksum: ExpectedDigest? = nil) {
+        public init(url: String, name: String? = nil, line: Int, headers: [RequestHeader] = [], checksum: ExpectedDigest? = nil,
+                    mirrors: [String] = [], pieces: Metalink.Pieces? = nil) {
+            self.mirrors = mirrors
+            self.pieces = pieces
             self.url = url
             self.name = name
             self.line = line
@@ -57,10 +65,21 @@ public struct InputList: Sendable, Equatable {
             }
             var entry = Entry(url: words[0], name: nil, line: n)
             do { try DownloadURL.check(entry.url) } catch { throw .invalidInput("input line \(n): \(error.description)") }
-            for w in words.dropFirst() { try Self.apply(w, to: &entry, line: n) }
+            for w in words.dropFirst() {
+                // A word that is no option is a mirror (aria2 separates them with tabs).
+                if !Self.keys.contains(where: { w.hasPrefix($0 + "=") }), w.contains("://") {
+                    do { try DownloadURL.check(w) } catch { throw .invalidInput("input line \(n): \(error.description)") }
+                    guard entry.mirrors.count < 64 else { throw .invalidInput("input line \(n): more than 64 mirrors") }
+                    if w != entry.url, !entry.mirrors.contains(w) { entry.mirrors.append(w) }
+                    continue
+                }
+                try Self.apply(w, to: &entry, line: n)
+            }
             if seen.insert(entry.url + "\n" + (entry.name ?? "")).inserted { entries.append(entry) }
         }
     }
+
+    static let keys = ["out", "header", "checksum", "user-agent", "referer"]
 
     static func apply(_ option: String, to entry: inout Entry, line: Int) throws(PickupError) {
         guard let eq = option.firstIndex(of: "=") else {

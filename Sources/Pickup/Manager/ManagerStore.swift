@@ -29,6 +29,13 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
     var finishedAt: Double?
     /// ``RequestOptions`` as JSON (nil when there are none).
     var request: String?
+    /// Mirrors and piece hashes as JSON (``Sources``; nil when there are none).
+    var sources: String?
+
+    struct Sources: Codable {
+        var mirrors: [String]
+        var pieces: Metalink.Pieces?
+    }
 
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
@@ -58,10 +65,13 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
         addedAt = info.addedAt.timeIntervalSince1970
         finishedAt = info.finishedAt?.timeIntervalSince1970
         request = info.options.isEmpty ? nil : (try? JSONEncoder().encode(info.options)).map { String(decoding: $0, as: UTF8.self) }
+        sources = info.mirrors.isEmpty && info.pieces == nil ? nil
+            : (try? JSONEncoder().encode(Sources(mirrors: info.mirrors, pieces: info.pieces))).map { String(decoding: $0, as: UTF8.self) }
     }
 
     var info: DownloadInfo {
         let path = FilePath(destinationPath)
+        let more = sources.flatMap { try? JSONDecoder().decode(Sources.self, from: Data($0.utf8)) }
         let failure = failureCategory.flatMap(PickupError.Category.init(rawValue:)).map {
             DownloadFailure(category: $0, reason: failureReason ?? "")
         }
@@ -74,7 +84,8 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
             checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)), overwrite: overwrite,
             connections: connections,
             addedAt: Date(timeIntervalSince1970: addedAt), finishedAt: finishedAt.map(Date.init(timeIntervalSince1970:)),
-            options: request.flatMap { try? JSONDecoder().decode(RequestOptions.self, from: Data($0.utf8)) } ?? RequestOptions())
+            options: request.flatMap { try? JSONDecoder().decode(RequestOptions.self, from: Data($0.utf8)) } ?? RequestOptions(),
+            mirrors: more?.mirrors ?? [], pieces: more?.pieces)
     }
 }
 
@@ -144,6 +155,9 @@ final class ManagerStore: @unchecked Sendable {
         }
         m.registerMigration("v3: request headers and cookies") { db in
             try db.alter(table: "download") { t in t.add(column: "request", .text) }
+        }
+        m.registerMigration("v4: mirrors and piece hashes") { db in
+            try db.alter(table: "download") { t in t.add(column: "sources", .text) }
         }
         return m
     }

@@ -90,6 +90,10 @@ public struct DownloadInfo: Sendable, Equatable, Identifiable {
     /// Header fields and cookies it sends (kept in the manager's database, readable by the owner
     /// only; show ``RequestOptions/redacted``, never the values of secrets).
     public var options = RequestOptions()
+    /// Mirrors of the same file (``DownloadRequest/mirrors``).
+    public var mirrors: [String] = []
+    /// Piece hashes (``DownloadRequest/pieces``).
+    public var pieces: Metalink.Pieces? = nil
 }
 
 /// Sums over every download of a manager.
@@ -185,11 +189,17 @@ public struct NewDownload: Sendable {
     public var connections: Int?
     /// Header fields and cookies to send (kept across restarts).
     public var options: RequestOptions
+    /// Mirrors of the same file (``DownloadRequest/mirrors``; kept across restarts).
+    public var mirrors: [String]
+    /// Piece hashes, from a Metalink file (kept across restarts).
+    public var pieces: Metalink.Pieces?
 
     /// A download to add.
     public init(url: String, to destination: Destination, priority: Int = 0, checksum: ExpectedDigest? = nil,
                 overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false, connections: Int? = nil,
-                options: RequestOptions = RequestOptions()) {
+                options: RequestOptions = RequestOptions(), mirrors: [String] = [], pieces: Metalink.Pieces? = nil) {
+        self.mirrors = mirrors
+        self.pieces = pieces
         self.options = options
         self.connections = connections
         self.url = url

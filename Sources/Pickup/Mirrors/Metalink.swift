@@ -16,10 +16,41 @@ public struct Metalink: Sendable, Equatable {
     }
 
     /// The file cut into pieces of `length` bytes (the last one shorter), each with its hash.
-    public struct Pieces: Sendable, Equatable {
+    public struct Pieces: Sendable, Equatable, Codable {
         public var length: Int64
         public var algorithm: DigestAlgorithm
         public var hashes: [[UInt8]]
+
+        public init(length: Int64, algorithm: DigestAlgorithm, hashes: [[UInt8]]) {
+            self.length = length
+            self.algorithm = algorithm
+            self.hashes = hashes
+        }
+
+        enum CodingKeys: String, CodingKey { case length, algorithm, hashes }
+
+        // Hashes as hex strings (compact, and checked when read back).
+        public func encode(to encoder: any Encoder) throws {
+            var c = encoder.container(keyedBy: CodingKeys.self)
+            try c.encode(length, forKey: .length)
+            try c.encode(algorithm, forKey: .algorithm)
+            try c.encode(hashes.map(Hex.encode), forKey: .hashes)
+        }
+
+        public init(from decoder: any Decoder) throws {
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            length = try c.decode(Int64.self, forKey: .length)
+            let algorithm = try c.decode(DigestAlgorithm.self, forKey: .algorithm)
+            self.algorithm = algorithm
+            let hex = try c.decode([String].self, forKey: .hashes)
+            hashes = try hex.map { h in
+                guard let b = Hex.decode(h), b.count == algorithm.byteCount else {
+                    throw DecodingError.dataCorruptedError(forKey: .hashes, in: c, debugDescription: "not a hash")
+                }
+                return b
+            }
+            guard length > 0 else { throw DecodingError.dataCorruptedError(forKey: .length, in: c, debugDescription: "not a length") }
+        }
     }
 
     /// A URL to fetch the file from; a lower `priority` is preferred (RFC 5854 §4.2.16: 1 is the

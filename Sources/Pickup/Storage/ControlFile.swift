@@ -36,12 +36,15 @@ public struct ControlRecord: Codable, Equatable, Sendable {
     /// Names the bytes' representation for the ``CursorFile`` beside the partial file: new
     /// whenever the held bytes are discarded, so that slots written for other bytes never count.
     public var epoch: UInt64?
+    /// The file's mirrors (sources 1, 2, ... after `url`), each with its own validators; nil for one URL.
+    public var mirrors: [SourceRecord]?
 
     /// A record.
     public init(
         url: String, target: String?, validators: Validators?, totalLength: Int64?, segments: [SegmentRecord],
-        serverDigest: ExpectedDigest? = nil, epoch: UInt64? = nil
+        serverDigest: ExpectedDigest? = nil, epoch: UInt64? = nil, mirrors: [SourceRecord]? = nil
     ) {
+        self.mirrors = mirrors
         self.url = url
         self.target = target
         self.validators = validators
@@ -53,6 +56,20 @@ public struct ControlRecord: Codable, Equatable, Sendable {
 
     /// A new ``epoch`` (exact in JSON: below 2^53).
     static func newEpoch() -> UInt64 { UInt64.random(in: 1..<(1 << 53)) }
+
+    /// The validators of source `i` (0: `url`, else a mirror): each server's own.
+    public func validators(of i: Int) -> Validators? {
+        i == 0 ? validators : mirrors.flatMap { $0.indices.contains(i - 1) ? $0[i - 1].validators : nil }
+    }
+
+    /// Sets the validators of source `i`.
+    mutating func setValidators(_ v: Validators?, of i: Int) {
+        if i == 0 {
+            validators = v
+        } else if mirrors?.indices.contains(i - 1) == true {
+            mirrors![i - 1].validators = v
+        }
+    }
 
     /// Bytes durably held in all segments.
     public var durableBytes: Int64 { segments.reduce(0) { $0 + $1.done } }

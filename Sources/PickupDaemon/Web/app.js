@@ -244,9 +244,13 @@ $("add-form").addEventListener("submit", async (e) => {
   if (agent) headers["User-Agent"] = agent;
   const failed = [];
   let error = "";
-  for (const url of urls) {
-    const body = Object.keys(headers).length ? { url, headers } : { url };
-    try { await call("POST", "/downloads", body); } catch (err) { failed.push(url); error = err.message; }
+  // Mirrors: one download from every line (each line its own server); else one download a line.
+  const items = $("as-mirrors").checked && urls.length > 1 ? [urls] : urls.map((u) => [u]);
+  for (const [url, ...mirrors] of items) {
+    const body = { url };
+    if (mirrors.length) body.urls = mirrors;
+    if (Object.keys(headers).length) body.headers = headers;
+    try { await call("POST", "/downloads", body); } catch (err) { failed.push(url, ...mirrors); error = err.message; }
   }
   $("urls").value = failed.join("\n");
   $("add-error").hidden = failed.length === 0;

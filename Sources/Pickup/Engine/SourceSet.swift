@@ -1,0 +1,201 @@
+/// What the control file keeps of a mirror: its URL, its own validators, and why its bytes were
+/// refused (a mirror that sent other bytes is not asked again after a kill).
+public struct SourceRecord: Codable, Equatable, Sendable {
+    /// The mirror's URL as given.
+    public var url: String
+    /// The validators this mirror's responses carry (never sent to another server).
+    public var validators: Validators?
+    /// Why its bytes are not taken (a length that disagrees, a bad piece too many): kept across runs.
+    public var rejected: String?
+
+    public init(url: String, validators: Validators? = nil, rejected: String? = nil) {
+        self.url = url
+        self.validators = validators
+        self.rejected = rejected
+    }
+}
+
+/// The servers one file comes from, and which connection asks which: a value-type state machine
+/// with no I/O, kept in ``RunState`` and driven by ``FileDownload``.
+///
+/// Source 0 is the URL the user gave first; the others are its mirrors (more URLs, a Metalink
+/// file's, a `Link: rel=duplicate` field's). What is durable about a source (its validators,
+/// why it was rejected) lives in the control record (``ControlRecord/mirrors``); this holds what
+/// one run observes: connections per source, the most it accepts, failures, speed, bad pieces.
+///
+/// Rules: a connection is bound to one source at a time; a source never has more connections
+/// than its cap (lowered by a 503 or a server's "too many connections"); a new connection goes
+/// to the source that gives most per connection (an untried one first, so every mirror is
+/// measured), never one that sent a bad piece while a clean one has room; a source that keeps
+/// failing, or sends other bytes, is retired while another is live; the last live source is
+/// never retired (it keeps the whole retry budget).
+struct SourceSet: Equatable {
+    struct Source: Equatable {
+        /// The URL as given (and as recorded).
+        var url: String
+        /// Where its redirects last led (further requests start there).
+        var resolved: String
+        /// Connections bound to it.
+        var connections: Set<Int> = []
+        /// The most connections it takes now.
+        var cap: Int
+        /// Attempts in a row that failed.
+        var failures = 0
+        /// Pieces it sent that failed their hash.
+        var badPieces = 0
+        /// Speed per connection, bytes per second (smoothed), once measured.
+        var rate: Double?
+        /// Whether it has sent a byte of the file in this run.
+        var delivered = false
+        /// Why it takes no more requests (nil: live).
+        var retired: String?
+    }
+
+    private(set) var sources: [Source]
+    /// The source each connection is bound to.
+    private(set) var binding: [Int: Int] = [:]
+    /// Failures in a row after which a source is retired (when another is live).
+    static let failuresToRetire = 2
+    /// Bad pieces after which a source is retired (when another is live).
+    static let badPiecesToRetire = 2
+
+    /// The sources `urls` (the first is the primary), each taking at most `connections`.
+    init(urls: [String], connections: Int) {
+        var seen = Set<String>()
+        sources = urls.filter { seen.insert($0).inserted }.map { Source(url: $0, resolved: $0, cap: max(1, connections)) }
+    }
+
+    var count: Int { sources.count }
+    /// More than one source: every source is its own server.
+    var several: Bool { sources.count > 1 }
+    var live: [Int] { sources.indices.filter { sources[$0].retired == nil } }
+
+    func source(of connection: Int) -> Int? { binding[connection] }
+    func url(_ source: Int) -> String { sources[source].resolved }
+    func isRetired(_ source: Int) -> Bool { sources[source].retired != nil }
+
+    /// Adds a mirror learnt along the way (a `Link: rel=duplicate` field); returns its index, or
+    /// nil when it is already known or there are enough.
+    mutating func add(_ url: String, connections: Int) -> Int? {
+        guard sources.count < 64, !sources.contains(where: { $0.url == url }) else { return nil }
+        sources.append(Source(url: url, resolved: url, cap: max(1, connections)))
+        return sources.count - 1
+    }
+
+    /// The best live source with room for one more connection, other than `avoiding`: a clean
+    /// one (no bad piece) before any other, an untried one first, then the most per connection,
+    /// then the fewest connections, then as given.
+    func pick(avoiding: Int? = nil) -> Int? {
+        let open = live.filter { $0 != avoiding && sources[$0].connections.count < sources[$0].cap }
+        let clean = open.filter { sources[$0].badPieces == 0 }
+        return (clean.isEmpty ? open : clean).max { a, b in
+            let (ra, rb) = (sources[a].rate ?? .infinity, sources[b].rate ?? .infinity)
+            if ra != rb { return ra < rb }
+            let (ca, cb) = (sources[a].connections.count, sources[b].connections.count)
+            if ca != cb { return ca > cb }
+            return a > b
+        }
+    }
+
+    /// Binds `connection` to ``pick(avoiding:)``; nil (and unbound) when no source has room.
+    @discardableResult
+    mutating func bind(_ connection: Int, avoiding: Int? = nil) -> Int? {
+        unbind(connection)
+        guard let best = pick(avoiding: avoiding) else { return nil }
+        bind(connection, to: best)
+        return best
+    }
+
+    /// Binds `connection` to `source` (the first connection asks the primary), over its cap if need be.
+    mutating func bind(_ connection: Int, to source: Int) {
+        unbind(connection)
+        sources[source].connections.insert(connection)
+        binding[connection] = source
+    }
+
+    mutating func unbind(_ connection: Int) {
+        if let s = binding.removeValue(forKey: connection) { sources[s].connections.remove(connection) }
+    }
+
+    /// A redirect of `source` led to `url`.
+    mutating func redirected(_ source: Int, to url: String) { sources[source].resolved = url }
+
+    /// An attempt on `source` moved `bytes` in `seconds`: it is working.
+    mutating func measured(_ source: Int, bytes: Int64, seconds: Double) {
+        guard bytes > 0 else { return }
+        sources[source].failures = 0
+        sources[source].delivered = true
+        guard seconds > 0.05 else { return }
+        let r = Double(bytes) / seconds
+        sources[source].rate = sources[source].rate.map { 0.5 * $0 + 0.5 * r } ?? r
+    }
+
+    /// What a connection does after its source failed.
+    enum Next: Equatable {
+        /// Try the same source again (after the usual backoff).
+        case retry
+        /// Go on at once with this other source.
+        case moveTo(Int)
+        /// No source has room for it: the connection leaves (its range goes to the others).
+        case leave
+    }
+
+    /// `source` takes no more connections (a 503, a 429, FTP's 421): its cap is what it had
+    /// without `connection`, which moves to another source with room, or leaves when others are
+    /// fetching. Alone on its source, it waits and retries.
+    mutating func busy(_ source: Int, connection: Int, othersFetching: Bool) -> Next {
+        let others = sources[source].connections.subtracting([connection]).count
+        if others > 0 { sources[source].cap = others }
+        if let to = pick(avoiding: source) {
+            bind(connection, to: to)
+            return .moveTo(to)
+        }
+        if others == 0 && !othersFetching { return .retry }
+        unbind(connection)
+        return .leave
+    }
+
+    /// An attempt on `source` failed (`why`): after ``failuresToRetire`` in a row the source is
+    /// retired when another is live, and the connection moves on. Returns the retirement notice, if any.
+    mutating func failed(_ source: Int, connection: Int, why: String) -> (next: Next, retired: String?) {
+        sources[source].failures += 1
+        guard several else { return (.retry, nil) }
+        // One that has sent nothing while another has (a dead mirror) goes at its first failure.
+        let limit = !sources[source].delivered && sources.contains(where: \.delivered) ? 1 : Self.failuresToRetire
+        if sources[source].failures >= limit, let notice = retire(source, why: why) {
+            return (bind(connection).map { .moveTo($0) } ?? .leave, notice)
+        }
+        // Another source with room takes the retry at once; this one may recover meanwhile.
+        if let to = pick(avoiding: source) {
+            bind(connection, to: to)
+            return (.moveTo(to), nil)
+        }
+        return (.retry, nil)
+    }
+
+    /// `source` cannot serve this file (another length, a 404, a changed file, no ranges): it is
+    /// retired when another is live. Returns the notice, or nil when it is the last live source.
+    mutating func retire(_ source: Int, why: String) -> String? {
+        guard sources[source].retired == nil else { return nil }
+        guard live.count > 1 else { return nil }
+        sources[source].retired = why
+        return "mirror \(DownloadURL.redacted(sources[source].url)) retired: \(why)"
+    }
+
+    /// A piece `source` sent failed its hash: counted; returns whether it has sent
+    /// ``badPiecesToRetire`` (then it should be rejected).
+    mutating func badPiece(_ source: Int) -> Bool {
+        sources[source].badPieces += 1
+        return sources[source].badPieces >= Self.badPiecesToRetire
+    }
+
+    /// Sources start a new round of connections: caps and failures are forgotten, retirements kept.
+    mutating func newRound(connections: Int) {
+        binding = [:]
+        for i in sources.indices {
+            sources[i].connections = []
+            sources[i].cap = max(1, connections)
+            sources[i].failures = 0
+        }
+    }
+}

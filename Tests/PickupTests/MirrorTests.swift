@@ -1,0 +1,330 @@
+import Crypto
+import Foundation
+import SystemPackage
+import Testing
+import TestServer
+import PickupDaemon
+
+@testable import Pickup
+
+/// Several sources for one file: each mirror its own server (validators, connections, failures),
+/// a bad one caught by length, by validators, or piece by piece.
+@Suite struct MirrorTests {
+    let body = Resource.bytes(count: 6 * 1024 * 1024 + 7, seed: 26)
+
+    /// A mirror: the file with its own ETag, at most `cap` responses at once, at `rate` per connection.
+    static func mirror(_ body: [UInt8], etag: String, cap: Int? = 2, rate: Int? = 4 << 20) -> Resource {
+        var r = Resource(body: body, etag: etag, bytesPerSecond: rate)
+        r.maxConcurrent = cap
+        return r
+    }
+
+    /// Whether the file is `body` (compared without printing megabytes on a failure).
+    static func same(_ f: Fixture, _ body: [UInt8]) -> Bool { f.dir.read("out.bin") == body }
+
+    static func pieces(_ body: [UInt8], length: Int) -> Metalink.Pieces {
+        let hashes = stride(from: 0, to: body.count, by: length).map { a in
+            Array(SHA256.hash(data: body[a..<min(body.count, a + length)]))
+        }
+        return Metalink.Pieces(length: Int64(length), algorithm: .sha256, hashes: hashes)
+    }
+
+    func download(_ f: Fixture, _ urls: [String], name: String = "out.bin", pieces: Metalink.Pieces? = nil,
+                  checksum: ExpectedDigest? = nil) async throws(PickupError) -> DownloadResult {
+        let events = f.events
+        return try await f.downloader.download(
+            DownloadRequest(url: urls[0], destination: .file(f.dir.file(name)), checksum: checksum,
+                            mirrors: Array(urls.dropFirst()), pieces: pieces)) { events.record($0) }
+    }
+
+    /// Every `If-Range` a mirror received is its own validator.
+    func ownValidatorsOnly(_ f: Fixture, _ paths: [String: String]) {
+        for (path, etag) in paths {
+            for r in f.server.requests(path) {
+                if let ir = r.headers["if-range"] { #expect(ir == etag, "\(path) was sent \(ir)") }
+            }
+        }
+    }
+
+    @Test func threeCappedMirrorsShareTheFileEachWithItsOwnValidators() async throws {
+        let f = try await Fixture(connections: 6)
+        let tags = ["/a": "\"a\"", "/b": "\"b\"", "/c": "\"c\""]
+        for (p, t) in tags { f.server.set(p, Self.mirror(body, etag: t)) }
+        _ = try await download(f, ["/a", "/b", "/c"].map(f.server.url))
+        #expect(Self.same(f, body))
+        for p in tags.keys {
+            #expect(f.server.requests(p).contains { $0.status == 206 && $0.bytesSent > 0 }, "\(p) sent nothing")
+            // Never more at once than a mirror takes: a 503 lowered its count.
+            #expect(f.server.requests(p).filter { $0.status == 206 }.allSatisfy { $0.concurrent < 2 })
+        }
+        ownValidatorsOnly(f, tags)
+        #expect(f.dir.entries == ["out.bin"])
+        await f.close()
+    }
+
+    @Test func aDeadMirrorIsRetiredAndTheOthersFinish() async throws {
+        let f = try await Fixture(connections: 4)
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
+        f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
+        let dead = "http://127.0.0.1:1/dead.bin"
+        _ = try await download(f, [f.server.url("/a"), dead, f.server.url("/b")])
+        #expect(Self.same(f, body))
+        // Its connections went to the others at once (no backoff, no "retrying" notice).
+        #expect(!f.events.notices.contains { $0.contains("retrying") }, "\(f.events.notices)")
+        await f.close()
+    }
+
+    @Test func aDeadPrimaryLeavesTheFileToItsMirrors() async throws {
+        let f = try await Fixture(connections: 4)
+        f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
+        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: nil))
+        _ = try await download(f, ["http://127.0.0.1:1/dead.bin", f.server.url("/b"), f.server.url("/c")])
+        #expect(Self.same(f, body))
+        await f.close()
+    }
+
+    @Test func aMirrorOfAnotherLengthIsDroppedWithANotice() async throws {
+        let f = try await Fixture(connections: 4)
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
+        f.server.set("/short", Self.mirror(Array(body.dropLast(1000)), etag: "\"s\"", cap: nil))
+        f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
+        _ = try await download(f, ["/a", "/short", "/b"].map(f.server.url))
+        #expect(Self.same(f, body))
+        #expect(f.events.notices.contains { $0.contains("/short retired") && $0.contains("length") })
+        await f.close()
+    }
+
+    @Test func aMirrorWhoseFileChangesIsNeverSplicedWithItself() async throws {
+        // /b changes to other bytes of the same length (a new ETag) after its first request. Its
+        // later requests carry its own ETag in If-Range (a 200 back retires it) or answer with
+        // the new one (retired before a byte is written): /b's bytes in the file are one version.
+        // Which one no one can tell without hashes; with piece hashes the file is exact.
+        let f = try await Fixture(connections: 4)
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 2 << 20))
+        f.server.set("/b", Self.mirror(body, etag: "\"b1\"", cap: nil, rate: 2 << 20))
+        f.server.change("/b", afterRequests: 1, to: Self.mirror(Resource.bytes(count: body.count, seed: 99), etag: "\"b2\"", cap: nil))
+        _ = try await download(f, ["/a", "/b"].map(f.server.url), pieces: Self.pieces(body, length: 256 * 1024))
+        #expect(Self.same(f, body))
+        for r in f.server.requests("/b") {
+            if let ir = r.headers["if-range"] { #expect(ir == "\"b1\"" || ir == "\"b2\"") }
+        }
+        #expect(f.events.notices.contains { $0.contains("/b retired") || $0.contains("failed their") }, "\(f.events.notices)")
+        await f.close()
+    }
+
+    @Test func aMirrorWithOtherBytesIsCaughtPieceByPieceAndNamed() async throws {
+        let f = try await Fixture(connections: 6)
+        let pieces = Self.pieces(body, length: 256 * 1024)
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2))
+        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: 2))
+        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2))
+        let r: DownloadResult
+        do { r = try await download(f, ["/a", "/bad", "/c"].map(f.server.url), pieces: pieces) } catch {
+            Issue.record("\(error): \(f.events.notices)")
+            throw error
+        }
+        #expect(Self.same(f, body))
+        #expect(r.size == Int64(body.count))
+        #expect(f.events.notices.contains { $0.contains("failed their sha-256 hash") && $0.contains("/bad") })
+        #expect(f.events.notices.contains { $0.contains("mirror \(f.server.url("/bad")) retired") })
+        await f.close()
+    }
+
+    @Test func withoutAGoodSourceBadPiecesEndInAVerificationError() async throws {
+        let f = try await Fixture(connections: 2)
+        let pieces = Self.pieces(body, length: 1 << 20)
+        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: nil, rate: nil))
+        f.server.set("/bad2", Self.mirror(Resource.bytes(count: body.count, seed: 8), etag: "\"y\"", cap: nil, rate: nil))
+        do {
+            _ = try await download(f, ["/bad", "/bad2"].map(f.server.url), pieces: pieces)
+            Issue.record("bad bytes were accepted")
+        } catch {
+            #expect(error.category == .verification, "\(error)")
+        }
+        #expect(f.dir.read("out.bin") == nil)
+        await f.close()
+    }
+
+    @Test func linkHeaderMirrorsAreUsed() async throws {
+        let f = try await Fixture(connections: 4)
+        var primary = Self.mirror(body, etag: "\"a\"", cap: 1)
+        primary.headers["Link"] = "<\(f.server.url("/b"))>; rel=duplicate; pri=1, <\(f.server.url("/c"))>; rel=duplicate; pri=2"
+        f.server.set("/a", primary)
+        f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: 2))
+        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2))
+        _ = try await download(f, [f.server.url("/a")])
+        #expect(Self.same(f, body))
+        #expect(f.server.requests("/b").contains { $0.status == 206 })
+        #expect(f.server.requests("/c").contains { $0.status == 206 })
+        ownValidatorsOnly(f, ["/a": "\"a\"", "/b": "\"b\"", "/c": "\"c\""])
+        await f.close()
+    }
+
+    @Test func anInterruptedDownloadResumesFromEveryMirrorWithItsOwnValidators() async throws {
+        let f = try await Fixture(connections: 4)
+        let tags = ["/a": "\"a\"", "/b": "\"b\""]
+        for (p, t) in tags { f.server.set(p, Self.mirror(body, etag: t, cap: 2, rate: 1 << 20)) }
+        let urls = ["/a", "/b"].map(f.server.url)
+        let (progressed, signal) = AsyncStream<Void>.makeStream()
+        let request = DownloadRequest(url: urls[0], destination: .file(f.dir.file("out.bin")), mirrors: [urls[1]])
+        let task = Task { [downloader = f.downloader] in
+            try await downloader.download(request) { if case .progress(let p) = $0, p.bytesDone > 2 << 20 { signal.yield() } }
+        }
+        for await _ in progressed { break }
+        task.cancel()
+        _ = await task.result
+        let record = try #require(ControlFile.load("out.bin" + SafeFileName.controlSuffix,
+                                                   in: DirectoryHandle.open(f.dir.path, under: nil, create: false)))
+        #expect(record.validators?.etag?.headerValue == "\"a\"")
+        #expect(record.mirrors?.map(\.url) == [urls[1]])
+        #expect(record.mirrors?.first?.validators?.etag?.headerValue == "\"b\"")
+        let before = f.server.bytesSent("/a") + f.server.bytesSent("/b")
+        for p in tags.keys { f.server.update(p) { $0.bytesPerSecond = nil } }
+        _ = try await download(f, urls)
+        #expect(Self.same(f, body))
+        ownValidatorsOnly(f, tags)
+        // Resumed, not fetched again: what the second run fetched is what the first did not keep.
+        let after = f.server.bytesSent("/a") + f.server.bytesSent("/b")
+        #expect(after - before < body.count - Int(record.durableBytes) + (4 << 20))
+        await f.close()
+    }
+
+    @Test func theManagerKeepsMirrorsAndPiecesAcrossARestart() async throws {
+        let f = try await ManagerFixture()
+        for (p, t) in ["/a": "\"a\"", "/b": "\"b\""] { f.server.set(p, Self.mirror(body, etag: t, cap: 2, rate: 1 << 20)) }
+        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 5), etag: "\"x\"", cap: 2, rate: 1 << 20))
+        var config = f.configuration()
+        config.engine.connections = 6
+        let pieces = Self.pieces(body, length: 512 * 1024)
+        let item = NewDownload(url: f.server.url("/a"), to: .file(f.dir.file("out.bin")),
+                               mirrors: ["/bad", "/b"].map(f.server.url), pieces: pieces)
+        let first = try DownloadManager(configuration: config)
+        let id = try await first.add([item])[0]
+        await first.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 1 << 20 }
+        await first.shutdown()
+        for p in ["/a", "/b", "/bad"] { f.server.update(p) { $0.bytesPerSecond = nil } }
+        let second = try DownloadManager(configuration: config)
+        let info = try #require(await second.download(id))
+        #expect(info.mirrors == ["/bad", "/b"].map(f.server.url))
+        #expect(info.pieces == pieces)
+        await second.waitUntilAll(.completed)
+        #expect(f.dir.read("out.bin") == body, "the file differs")
+        await second.shutdown()
+        await f.close()
+    }
+
+    @Test func theAPITakesURLsAsMirrorsAndShowsThemWithoutCredentials() async throws {
+        let f = try await DaemonFixture { $0.engine.connections = 4 }
+        f.server.set("/a.bin", Self.mirror(body, etag: "\"a\"", cap: 2))
+        f.server.set("/b.bin", Self.mirror(body, etag: "\"b\"", cap: 2))
+        let secret = f.server.url("/b.bin").replacingOccurrences(of: "http://", with: "http://u:hunter2@")
+        let added = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin"), name: "m.bin", urls: [secret]))
+        #expect(added.mirrors == [f.server.url("/b.bin").replacingOccurrences(of: "http://", with: "http://u:***@")]
+            || added.mirrors?.first?.contains("hunter2") == false)
+        _ = try await f.waitUntil { $0[added.id]?.state == "completed" }
+        #expect(f.root.read("m.bin") == body, "the file differs")
+        // The mirror's own credentials went to it, and to no one else.
+        #expect(f.server.requests("/b.bin").contains { $0.headers["authorization"] != nil })
+        #expect(!f.server.requests("/a.bin").contains { $0.headers["authorization"] != nil })
+        // Only "urls": the first is the URL.
+        let body2 = try JSONDecoder().decode(APIAddRequest.self, from: Data(#"{"urls":["http://x/1","http://y/1"]}"#.utf8))
+        #expect(body2.url == "http://x/1" && body2.urls == ["http://y/1"])
+        await f.close()
+    }
+
+    @Test func inputListLinesTakeTabSeparatedMirrors() throws {
+        let list = try InputList(parsing: "https://a.example/f.iso\thttps://b.example/f.iso\tftp://c.example/f.iso out=f.iso\n")
+        #expect(list.entries.count == 1)
+        #expect(list.entries[0].url == "https://a.example/f.iso")
+        #expect(list.entries[0].mirrors == ["https://b.example/f.iso", "ftp://c.example/f.iso"])
+        #expect(list.entries[0].name == "f.iso")
+        #expect(throws: PickupError.self) { try InputList(parsing: "https://a.example/f\tnot-a-url\n") }
+        #expect(throws: PickupError.self) { try InputList(parsing: "https://a.example/f\tfile:///etc/passwd\n") }
+    }
+
+    @Test func sourceSetSpreadsConnectionsAndRetiresOnlyWhileAnotherIsLive() {
+        var s = SourceSet(urls: ["a", "b", "c"], connections: 8)
+        s.bind(0, to: 0)
+        #expect(s.bind(1) == 1)
+        #expect(s.bind(2) == 2)
+        #expect(s.bind(3) == 0)
+        // A busy source takes no more than it had without the refused connection.
+        #expect(s.busy(0, connection: 3, othersFetching: true) == .moveTo(1))
+        #expect(s.sources[0].cap == 1)
+        #expect(s.pick(avoiding: nil) != 0)
+        #expect(s.retire(1, why: "x") != nil)
+        #expect(s.retire(2, why: "x") != nil)
+        #expect(s.retire(0, why: "x") == nil, "the last live source is never retired")
+        // A source that sent bad pieces is avoided while a clean one has room.
+        var t = SourceSet(urls: ["a", "b"], connections: 2)
+        _ = t.badPiece(0)
+        #expect(t.pick() == 1)
+    }
+}
+
+/// The `pickup` binary with several sources: URLs on the command line, tab-separated in `-i`,
+/// a Metalink file with a bad mirror, and a SIGKILL in the middle.
+@Suite(.serialized) struct MirrorCLITests {
+    let body = Resource.bytes(count: 8 * 1024 * 1024 + 3, seed: 261)
+
+    @Test func severalURLsAreMirrorsAndAKillResumesFromAllOfThem() async throws {
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
+        for (p, t) in ["/a": "\"a\"", "/b": "\"b\"", "/c": "\"c\""] {
+            server.set(p, MirrorTests.mirror(body, etag: t, cap: 2, rate: 512 * 1024))
+        }
+        let args = ["get"] + ["/a", "/b", "/c"].map(server.url) + ["-o", dir.file("out.bin").string, "-x", "6", "-q"]
+        let part = dir.file("out.bin.pickup-part")
+        let killed = try await CLI.startAndKill(args, state: state.path) {
+            (ControlFile.load(dir.file("out.bin.pickup-ctl"))?.durableBytes ?? 0) > 2 << 20
+        }
+        #expect(killed)
+        let record = try #require(ControlFile.load(dir.file("out.bin.pickup-ctl")))
+        #expect(record.mirrors?.count == 2)
+        #expect(FS.size(part) != nil)
+        let sentBefore = ["/a", "/b", "/c"].map(server.bytesSent).reduce(0, +)
+        for p in ["/a", "/b", "/c"] { server.update(p) { $0.bytesPerSecond = 4 << 20 } }
+        let resumed = try await CLI.offPool { try CLI.capture(args, state: state.path) }
+        #expect(resumed.status == 0, "\(resumed.err)")
+        #expect(dir.read("out.bin") == body, "the file differs")
+        let sentAfter = ["/a", "/b", "/c"].map(server.bytesSent).reduce(0, +)
+        // The second run fetched about what the first had not made durable (plus what was in
+        // flight when it was killed), from every mirror.
+        #expect(sentAfter - sentBefore <= body.count - Int(record.durableBytes) + 6 * (1 << 20))
+        for p in ["/a", "/b", "/c"] { #expect(server.requests(p).contains { $0.status == 206 }, "\(p) was not asked") }
+        await server.stop()
+    }
+
+    @Test func inputListTabsAndAMetalinkBadMirror() async throws {
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir(), docs = TempDir()
+        server.set("/a/f.bin", MirrorTests.mirror(body, etag: "\"a\"", cap: 2))
+        server.set("/b/f.bin", MirrorTests.mirror(body, etag: "\"b\"", cap: 2))
+        server.set("/bad/f.bin", MirrorTests.mirror(Resource.bytes(count: body.count, seed: 3), etag: "\"x\"", cap: 2))
+        docs.write("list.txt", Array("\(server.url("/a/f.bin"))\t\(server.url("/b/f.bin")) out=listed.bin\n".utf8))
+        let listed = try await CLI.offPool {
+            try CLI.capture(["get", "-i", docs.file("list.txt").string, "-d", dir.path.string, "-x", "4", "-q"], state: state.path)
+        }
+        #expect(listed.status == 0, "\(listed.err)")
+        #expect(dir.read("listed.bin") == body, "the file differs")
+        #expect(server.requests("/b/f.bin").contains { $0.status == 206 })
+
+        let pieceLength = 1 << 20
+        let pieces = stride(from: 0, to: body.count, by: pieceLength).map { a in
+            "<hash>\(MetalinkCLITests.sha256(Array(body[a..<min(body.count, a + pieceLength)])))</hash>"
+        }.joined()
+        docs.write("m.meta4", MetalinkTests.document(files: """
+              <file name="meta.bin"><size>\(body.count)</size><hash type="sha-256">\(MetalinkCLITests.sha256(body))</hash>
+                <pieces length="\(pieceLength)" type="sha-256">\(pieces)</pieces>
+                <url priority="1">\(server.url("/a/f.bin"))</url><url priority="2">\(server.url("/bad/f.bin"))</url>
+                <url priority="3">\(server.url("/b/f.bin"))</url></file>
+            """))
+        let meta = try await CLI.offPool {
+            try CLI.capture(["get", "--metalink", docs.file("m.meta4").string, "-d", dir.path.string, "-x", "6"], state: state.path)
+        }
+        #expect(meta.status == 0, "\(meta.err)")
+        #expect(dir.read("meta.bin") == body, "the file differs")
+        #expect(server.requests("/bad/f.bin").contains { $0.status == 206 }, "the bad mirror was not asked")
+        await server.stop()
+    }
+}
