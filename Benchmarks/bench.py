@@ -312,14 +312,13 @@ def main():
 
 def mirrors_case(args, outdirs, ports, digest):
     """Three mirrors of a 48 MiB file, each taking 2 connections from us at 4 MiB/s (a third gets
-    503): ideal 48 / (3 x 2 x 4) = 2.0 s. aria2c and axel get the three URLs and 6 connections;
-    Pickup gets them as `get URL1 URL2 URL3` once it takes mirrors, until then the first URL."""
+    503): ideal 48 / (3 x 2 x 4) = 2.0 s. Each tool gets the three URLs and 6 connections."""
     urls = [f"http://127.0.0.1:{p}/48m.bin" for p in ports]
     results = {}
     for i in range(args.runs):
         for fs, d in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
             out = os.path.join(d, "48m.bin")
-            cmds = {"pickup": [args.pickup, "get", urls[0], "-o", out, "-q", "--overwrite", "-x", "6"]}
+            cmds = {"pickup": [args.pickup, "get", *urls, "-o", out, "-q", "--overwrite", "-x", "6"]}
             if shutil.which("aria2c"):
                 cmds["aria2c"] = ["aria2c", "-q", "-x2", "-s6", "-k1M", "--file-allocation=none", "--allow-overwrite=true",
                                   "--auto-file-renaming=false", "-d", d, "-o", "48m.bin"] + urls

@@ -37,7 +37,10 @@ enum CLI {
         env["PICKUP_STATE_DIR"] = state.string
         p.environment = env
         p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle.nullDevice
+        // `PICKUP_DEBUG_STDERR=FILE` (an existing file) collects every started process's messages.
+        let debug = ProcessInfo.processInfo.environment["PICKUP_DEBUG_STDERR"].flatMap { FileHandle(forWritingAtPath: $0) }
+        debug?.seekToEndOfFile()
+        p.standardError = debug ?? FileHandle.nullDevice
         try p.runWithSignalsUnblocked()
         return p
     }

@@ -195,7 +195,8 @@ struct FTPSTests {
     /// resumes with REST over four, byte-exact.
     @Test func aKilledDownloadResumesOverSeveralRateLimitedSessions() async throws {
         let site = TempDir(), dir = TempDir(), state = TempDir()
-        let body = Resource.bytes(count: 4 << 20, seed: 63)
+        // Large enough that a kill landing seconds late under load still leaves ranges to share.
+        let body = Resource.bytes(count: 8 << 20, seed: 63)
         site.write("l.bin", body)
         chmod(site.file("l.bin").string, 0o644)
         let ftp = try VsftpdProcess(root: site.path.string, bytesPerSecond: 1 << 20)

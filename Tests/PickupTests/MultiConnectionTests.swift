@@ -119,7 +119,7 @@ import TestServer
     @Test func interruptedMultiConnectionDownloadResumesEveryRange() async throws {
         let f = try await Fixture(connections: 8)
         // Slow enough that the download cannot finish before the cancel lands, even on a loaded machine.
-        f.server.set("/i.bin", Resource(body: body, bytesPerSecond: 256 * 1024))
+        f.server.set("/i.bin", Resource(body: body, bytesPerSecond: 128 * 1024))
         let task = await f.startInBackground("/i.bin", after: 2_000_000)
         task.cancel()
         _ = await task.result

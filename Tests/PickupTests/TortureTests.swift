@@ -16,7 +16,9 @@ import TestServer
 /// strong ETag, sometimes makes every response slow to send its first byte (with a short stall
 /// timeout, so that runs must grow more patient), sometimes goes through Squid (when installed)
 /// in absolute form or through a CONNECT tunnel (`--proxytunnel`: the test server's port is added
-/// to Squid's SSL_ports), sometimes fetches the file over FTP from pyftpdlib (sometimes from one of
+/// to Squid's SSL_ports), sometimes gives two mirrors besides the URL (each with its own
+/// validators and a cap of 1 to 3 connections, one sometimes cutting responses short, sometimes a
+/// dead one, first or last; a change changes them all), sometimes fetches the file over FTP from pyftpdlib (sometimes from one of
 /// its own that refuses sessions past 2 to 4 with 421 and cuts every transfer after some hundred
 /// KiB, or refuses REST) or over FTPS from vsftpd (when installed, and root for vsftpd: the
 /// validator is SIZE and MDTM, a change rewrites the file with a later time); then runs to the
@@ -33,7 +35,8 @@ import TestServer
 ///
 /// `PICKUP_TORTURE_SEED` replays a run (its seed is printed); `PICKUP_TORTURE_TRIALS` sets the
 /// number of trials (default 200); `PICKUP_TORTURE_BEHAVIOUR` (`overFTPS`, `throughSquid`, ...)
-/// runs only the trials of one server behaviour.
+/// runs only the trials of one server behaviour; `PICKUP_DEBUG_STDERR=FILE` collects the runs'
+/// messages (drop `--quiet` below to see them all).
 ///
 /// It runs in its own `swift test` invocation (`PICKUP_TORTURE=1`, as `.ci/run` does): beside the
 /// rest of the suite on two cores its processes would slow every other test past its time limit.
@@ -53,7 +56,13 @@ struct TortureTests {
     ///   ETag, and they were saved as a second copy (now compared with the finished file first).
     /// - 376692188587: the same, when the run that fetched the bytes again was killed and the
     ///   next one (a resume, not a check) finished them.
-    static let fixedSeeds: [UInt64] = [43_844_386_724, 337_796_987_934, 25_913_530_911, 60_421_195_908, 376_692_188_587]
+    /// - 244208091525: mirrors, a dead one among them, the file changed on all the others: each
+    ///   of those was refused for the dead one (which had never answered), and the run retried
+    ///   the dead one until it gave up (now a source is refused only for one that answered).
+    static let fixedSeeds: [UInt64] = [43_844_386_724, 337_796_987_934, 25_913_530_911, 60_421_195_908, 376_692_188_587,
+                                       244_208_091_525]
+    /// The seeds found before mirrors were explored: they replay without them.
+    static let seedsBeforeMirrors = fixedSeeds.prefix(5)
 
     @Test func killsChangesAndFaultsNeverSpliceNorCrash() async throws {
         #expect(FileManager.default.isExecutableFile(atPath: CLI.binary), "build the pickup binary first")
@@ -119,7 +128,10 @@ struct TortureTests {
             return "\(op)=\(error)@\(after)"
         }()
         // Picked after the rest, so that the fixed seeds replay the trials they were found with.
-        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid, tunnelThroughSquid, overFTP, overFlakyFTP, overFTPS }
+        enum Behaviour: String { case plain, loadBalanced, slowFirstByte, throughSquid, tunnelThroughSquid, overFTP, overFlakyFTP, overFTPS, mirrors }
+        // Mirrors come from a stream of their own, so that the fixed seeds replay as they were found.
+        var side = SplitMix(state: seed ^ 0x6D69_7272_6F72_73)
+        func pickSide(_ n: Int) -> Int { Int(side.next() % UInt64(n)) }
         let behaviour: Behaviour = switch pick(8) {
         case 0 where kind == .strongETag: .loadBalanced
         case 1: .slowFirstByte
@@ -127,7 +139,7 @@ struct TortureTests {
         case 3 where servers.ftp != nil: pick(2) == 0 ? .overFTP : .overFlakyFTP
         case 4 where servers.squid != nil: .tunnelThroughSquid
         case 5 where servers.ftps != nil: .overFTPS
-        default: .plain
+        default: kind != .none && !seedsBeforeMirrors.contains(seed) && pickSide(2) == 0 ? .mirrors : .plain
         }
         let overFTP = behaviour == .overFTP || behaviour == .overFlakyFTP || behaviour == .overFTPS
         let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
@@ -150,14 +162,32 @@ struct TortureTests {
             switch behaviour {
             case .loadBalanced: r.backendETags = ["\"v\(version)-a\"", "\"v\(version)-b\"", "\"v\(version)-c\""]
             case .slowFirstByte: r.firstByteDelay = 0.4
-            case .plain, .throughSquid, .tunnelThroughSquid, .overFTP, .overFlakyFTP, .overFTPS: break
+            case .plain, .throughSquid, .tunnelThroughSquid, .overFTP, .overFlakyFTP, .overFTPS, .mirrors: break
             }
+            return r
+        }
+        // Mirrors: the same bytes at two more paths, each with its own validators, taking 1 to 3
+        // connections (503 past that), one sometimes cutting its responses short; sometimes a
+        // dead mirror too (nothing listens), sometimes listed first.
+        let mirrorPaths = behaviour == .mirrors ? [path + "/m1", path + "/m2"] : []
+        let mirrorCaps = mirrorPaths.map { _ in 1 + pickSide(3) }
+        let mirrorDrops = mirrorPaths.map { _ in pickSide(3) == 0 ? 100_000 + pickSide(400_000) : nil }
+        let deadMirror = behaviour == .mirrors ? pickSide(3) : 0  // 0: none, 1: among the others, 2: first
+        func mirror(_ i: Int, version: Int) -> Resource {
+            var r = resource(version: version)
+            if let e = r.etag { r.etag = String(e.dropLast()) + "-m\(i)\"" }
+            if r.lastModified != nil { r.lastModified = "Sun, 22 Nov 2026 0\(version):0\(i + 1):00 GMT" }
+            r.maxConcurrent = mirrorCaps[i]
+            if let after = mirrorDrops[i] { r.faults = Array(repeating: .dropAfter(after), count: 4) }
             return r
         }
         /// Serves `version`: from the test server, or as the FTP server's file (a change rewrites it
         /// with a later modification time, as a mirror's sync would).
         func publish(_ version: Int) throws {
-            guard overFTP else { return server.set(path, resource(version: version)) }
+            guard overFTP else {
+                for (i, p) in mirrorPaths.enumerated() { server.set(p, mirror(i, version: version)) }
+                return server.set(path, resource(version: version))
+            }
             let root = servers.ftpRoot
             let file = root.file("t\(index).bin").string
             root.write("t\(index).bin", resource(version: version).body)
@@ -187,7 +217,9 @@ struct TortureTests {
         case .overFTPS: servers.ftps?.0.url("/t\(index).bin", secure: true) ?? ""
         default: server.url(path)
         }
-        var args = ["get", url, "-o", out.string, "--quiet", "-x", "\(connections)", "--retries", "20"]
+        var urls = [url] + mirrorPaths.map(server.url)
+        if deadMirror > 0 { urls.insert("http://127.0.0.1:1/dead.bin", at: deadMirror == 2 ? 0 : urls.count) }
+        var args = ["get"] + urls + ["-o", out.string, "--quiet", "-x", "\(connections)", "--retries", "20"]
         if behaviour == .slowFirstByte { args += ["--stall-timeout", "0.25"] }
         if behaviour == .throughSquid, let squid = servers.squid { args += ["--proxy", squid] }
         if behaviour == .tunnelThroughSquid, let squid = servers.squid { args += ["--proxy", squid, "--proxytunnel"] }
@@ -217,6 +249,7 @@ struct TortureTests {
             let last = run == kills
             let environment = run == faultRun ? ["PICKUP_TEST_FAULTS": faultSpec] : [:]
             let requestsBefore = server.requests(path).count
+            let mirrorRequestsBefore = mirrorPaths.map { server.requests($0).count }
             let finishedBefore = finished
             let heldBefore = heldAfterKill(out).written
             let p = try CLI.start(args, state: state.path, environment: environment)
@@ -225,7 +258,12 @@ struct TortureTests {
             let part = FilePath(out.string + SafeFileName.partialSuffix)
             let sentInRun = overFTP
                 ? { max(0, Int(FS.size(part) ?? 0) - Int(heldBefore)) }
-                : { server.requests(path).dropFirst(requestsBefore).reduce(0) { $0 + $1.bytesSent } }
+                : {
+                    server.requests(path).dropFirst(requestsBefore).reduce(0) { $0 + $1.bytesSent }
+                        + mirrorPaths.indices.reduce(0) { sum, i in
+                            sum + server.requests(mirrorPaths[i]).dropFirst(mirrorRequestsBefore[i]).reduce(0) { $0 + $1.bytesSent }
+                        }
+                }
             var killed = false
             if !last {
                 let began = Date()
@@ -267,7 +305,7 @@ struct TortureTests {
                 // a response given up on before its slow first byte) or where each backend has its
                 // own validator (a resume may not be confirmed: then it starts over).
                 if kind == .strongETag || kind == .lastModifiedOnly, run != faultRun, ofCurrentVersion, finishedBefore.isEmpty,
-                    !finishedNow, behaviour == .plain
+                    !finishedNow, behaviour == .plain || behaviour == .mirrors && mirrorDrops.allSatisfy({ $0 == nil })
                 {
                     let waste = Int64(sentInRun()) - max(0, held.written - heldBefore)
                     let bound = size <= Int(Checkpoints.smallFile) ? Int64(size) : Int64(connections * (65536 + 4 * chunk))

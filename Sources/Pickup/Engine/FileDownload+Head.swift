@@ -21,7 +21,7 @@ extension FileDownload {
                 guard let file else { return nil }
                 if isDropped(cursor) { throw StopReading() }
                 if state.sources.several, let why = disagreement(source: source, total: total, validators: validators) {
-                    if state.sources.live.count > 1 { throw SourceRejected(reason: why) }
+                    if state.sources.canReject(source) { throw SourceRejected(reason: why) }
                     throw RepresentationChanged(reason: why)
                 }
                 if source == 0, state.sources.count < 64, record.validators == nil {
@@ -72,7 +72,7 @@ extension FileDownload {
             // already replaced (and so made the ranges one) must not be taken for the only range.
             let (ranges, file, dropped, rejectable) = lock.withLock {
                 (record.segments.count, self.file, isDropped(cursor),
-                 state.sources.several && state.sources.live.count > 1 && (context.offset > 0 || record.totalLength != nil))
+                 state.sources.several && state.sources.canReject(source) && (context.offset > 0 || record.totalLength != nil))
             }
             guard let file else { return nil }
             if dropped { throw StopReading() }
@@ -87,7 +87,9 @@ extension FileDownload {
                 case .stale: throw StopReading()
                 case .timedOut: throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
                 }
-                let why = lock.withLock { record.validators } == validators
+                let why = lock.withLock { state.sources.several }
+                    ? "the file seems to have changed, and no source that answered before says otherwise"
+                    : lock.withLock { record.validators } == validators
                     ? "it did not take the range: an FTP server refusing REST, a server that ignores ranges at times"
                     : "its validators differ from the other responses': a load balancer whose servers disagree?"
                 onEvent(.notice("the server sent the whole file (200) to a range request (\(why)); the held bytes are discarded "
@@ -97,6 +99,9 @@ extension FileDownload {
             }
             mapCursorsIfLarge(total: total)
             try discardHeld(file) { r in
+                // Other sources' validators and rejections were about the bytes discarded now.
+                for i in (r.mirrors ?? []).indices { r.mirrors![i] = SourceRecord(url: r.mirrors![i].url) }
+                if source != 0 { r.validators = nil }
                 r.setValidators(validators, of: source)
                 r.totalLength = total
                 r.segments = [SegmentRecord(start: 0, end: total, done: 0)]

@@ -65,7 +65,7 @@ struct RunState {
     /// Source `i` sent bytes that are not this file's (`why`): retired (and, for a mirror, remembered
     /// in the record) while another is live. Returns the notice, nil when it is the last live one.
     mutating func reject(_ i: Int, why: String) -> String? {
-        guard let notice = sources.retire(i, why: why) else { return nil }
+        guard sources.canReject(i), let notice = sources.retire(i, why: why) else { return nil }
         if i > 0 { checkpoints.update { r in if r.mirrors?.indices.contains(i - 1) == true { r.mirrors![i - 1].rejected = why } } }
         return notice
     }
@@ -212,6 +212,7 @@ struct RunState {
                 if at == 0 || r.serverDigest == nil { r.serverDigest = digest }
             }
         }
+        sources.accepted(source)
         if scheduler == nil, let total { lengthKnown(total, claiming: segment) }
         if !connectionsDecided, let total = scheduler?.total {
             connectionsDecided = true

@@ -173,11 +173,22 @@ struct SourceSet: Equatable {
         return (.retry, nil)
     }
 
-    /// `source` cannot serve this file (another length, a 404, a changed file, no ranges): it is
-    /// retired when another is live. Returns the notice, or nil when it is the last live source.
+    /// Whether `source`'s bytes may be refused for another source's: another live one has
+    /// answered with this file in this run. (After a change everywhere, the first to answer with
+    /// the new file is the file; a mirror that was never reached proves nothing.)
+    func canReject(_ source: Int) -> Bool {
+        live.contains { $0 != source && sources[$0].delivered }
+    }
+
+    /// `source` answered with this file (a 206 whose length and validators were taken).
+    mutating func accepted(_ source: Int) { sources[source].delivered = true }
+
+    /// `source` cannot serve this file (another length, a 404, a changed file, no ranges, too
+    /// many failures): it is retired when another live one has answered with this file or has not
+    /// failed yet. Returns the notice, or nil when it stays.
     mutating func retire(_ source: Int, why: String) -> String? {
         guard sources[source].retired == nil else { return nil }
-        guard live.count > 1 else { return nil }
+        guard live.contains(where: { $0 != source && (sources[$0].delivered || sources[$0].failures == 0) }) else { return nil }
         sources[source].retired = why
         return "mirror \(DownloadURL.redacted(sources[source].url)) retired: \(why)"
     }
