@@ -130,6 +130,23 @@ import PickupDaemon
         await f.close()
     }
 
+    @Test func withOnlyAWholeFileHashTheBadMirrorIsFoundByRefetchingSharesNotTheFile() async throws {
+        let f = try await Fixture(connections: 6)
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2))
+        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: 2))
+        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2))
+        let checksum = ExpectedDigest(source: "the test", algorithm: .sha256, bytes: Array(SHA256.hash(data: body)))
+        do { _ = try await download(f, ["/a", "/bad", "/c"].map(f.server.url), checksum: checksum) } catch {
+            Issue.record("\(error): \(f.events.notices)")
+        }
+        #expect(Self.same(f, body))
+        #expect(f.events.notices.contains { $0.contains("mirror \(f.server.url("/bad")) retired") }, "\(f.events.notices)")
+        // Shares were fetched again, not the whole file once per suspect.
+        let sent = ["/a", "/bad", "/c"].map(f.server.bytesSent).reduce(0, +)
+        #expect(sent < 3 * body.count, "\(sent) bytes sent for \(body.count)")
+        await f.close()
+    }
+
     @Test func withoutAGoodSourceBadPiecesEndInAVerificationError() async throws {
         let f = try await Fixture(connections: 2)
         let pieces = Self.pieces(body, length: 1 << 20)

@@ -93,8 +93,9 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     let source: Int
     /// The response's status (0 before its head).
     private(set) var status = 0
-    /// Where this response's body began to be written (its bytes are `firstOffset..<cursor.position`).
-    private(set) var firstOffset: Int64 = 0
+    /// Where this response's body began to be written (its bytes are `firstOffset..<cursor.position`);
+    /// nil when it writes nothing.
+    private(set) var firstOffset: Int64?
     /// When the request was made (this object is made just before it is sent).
     private let sent = Clock.monotonic()
 

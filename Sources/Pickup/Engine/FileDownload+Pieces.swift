@@ -51,3 +51,74 @@ extension FileDownload {
         return false
     }
 }
+
+extension FileDownload {
+    /// Where the search for a source whose bytes break the whole-file hash stands.
+    struct BadSourceSearch {
+        /// Sources to suspect in turn (the largest share first).
+        var suspects: [Int]
+        /// What each source wrote in this run, over the search's rounds (a round forgets the
+        /// writers of the bytes it fetches again; their earlier shares stay suspect).
+        var written: [Int: [(start: Int64, end: Int64)]] = [:]
+        /// The one suspended now.
+        var current: Int?
+    }
+
+    /// With several sources and a whole-file hash (``DownloadRequest/checksum`` or the server's
+    /// digest), checks the file once every byte is held; returns true when it matches or there is
+    /// nothing to search. On a mismatch the sources that wrote bytes in this run are suspected in
+    /// turn, the largest share first: the suspect is suspended, what it wrote is no longer held,
+    /// and the next round fetches it from the others. The first round after which the hash
+    /// matches names the bad source (rejected, and remembered in the control file). Without
+    /// piece hashes this costs one share per suspect, not the whole file. On the blocking-I/O pool.
+    func searchForTheBadSource(file: PartialFile) throws -> Bool {
+        guard let expected = lock.withLock({ state.sources.several ? request.checksum ?? record.serverDigest : nil }) else {
+            return true
+        }
+        try checkpointNow()
+        if try Self.digest(of: file, algorithm: expected.algorithm) == expected.bytes {
+            lock.withLock {
+                preVerified = expected
+                if let bad = search?.current {
+                    let url = DownloadURL.redacted(state.sources.sources[bad].url)
+                    state.onSources { $0.suspend(nil) }
+                    let notice = state.reject(bad, why: "its bytes did not match the \(expected.algorithm.rawValue) hash; its share was fetched from the others")
+                    onEvent(.notice(notice ?? "mirror \(url) sent bytes that do not match the \(expected.algorithm.rawValue) hash"))
+                }
+                search = nil
+            }
+            return true
+        }
+        let next = lock.withLock { () -> (source: Int, ranges: [(start: Int64, end: Int64)])? in
+            var s = search ?? BadSourceSearch(suspects: state.writersByShare, current: nil)
+            for source in state.sources.sources.indices { s.written[source, default: []] += state.written(by: source) }
+            state.onSources { $0.suspend(nil) }
+            // A suspect whose share another live source can fetch.
+            guard let i = s.suspects.firstIndex(where: { c in state.sources.live.contains { $0 != c } }) else {
+                search = s
+                return nil
+            }
+            let source = s.suspects.remove(at: i)
+            s.current = source
+            search = s
+            state.onSources { $0.suspend(source) }
+            return (source, s.written[source] ?? [])
+        }
+        // Nothing left to suspect: the finish says the hash failed.
+        guard let next else { return true }
+        let url = lock.withLock { DownloadURL.redacted(state.sources.sources[next.source].url) }
+        let bytes = next.ranges.reduce(Int64(0)) { $0 + $1.end - $1.start }
+        onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching the \(ByteCount.format(bytes)) "
+            + "that \(url) sent from the other sources"))
+        try ioLock.withLock {
+            let action = lock.withLock { () -> Checkpoints.Action in
+                cursors = [:]
+                return state.reopen(next.ranges)
+            }
+            try perform(action, file: nil)
+            let (mapped, epoch) = lock.withLock { (cursorFile, record.epoch ?? 0) }
+            mapped?.reset(epoch: epoch)
+        }
+        return false
+    }
+}

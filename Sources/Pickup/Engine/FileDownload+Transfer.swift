@@ -62,11 +62,14 @@ extension FileDownload {
                 let (result, complete) = lock.withLock { (unchanged, state.scheduler?.isComplete ?? true) }
                 if result != nil { return result }
                 if complete {
-                    guard let pieces = request.pieces, !(try await BlockingIO.run({ try self.verifyPieces(pieces, file: file) }))
-                    else { return nil }
+                    let good = try await BlockingIO.run {
+                        try self.request.pieces.map { try self.verifyPieces($0, file: file) } ?? true
+                            ? try self.searchForTheBadSource(file: file) : false
+                    }
+                    if good { return nil }
                     restarts += 1
                     guard restarts <= options.retry.maxAttemptsWithoutProgress else {
-                        throw PickupError.verification("pieces keep failing their hash from every source")
+                        throw PickupError.verification("the file keeps failing its hash, whichever source its bytes come from")
                     }
                     continue
                 }
@@ -284,6 +287,18 @@ extension FileDownload {
             var retryAfter: Int64? = nil
             var busy = false
             let began = Clock.monotonic()
+            // However the attempt ends (done, split, failed, cancelled): what its source wrote and how fast.
+            let asked = source
+            defer {
+                if let from = sink.firstOffset {
+                    let to = sink.cursor.position.load(ordering: .relaxed)
+                    let seconds = Clock.monotonic() - began
+                    lock.withLock {
+                        state.onSources { $0.measured(asked, bytes: to - from, seconds: seconds) }
+                        state.wrote(from, to, by: asked)
+                    }
+                }
+            }
             do {
                 let patience = lock.withLock { state.patience[id] ?? 0 }
                 try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience), into: sink)
@@ -329,13 +344,6 @@ extension FileDownload {
                 }
             }
             cursor = sink.cursor
-            if sink.decision?.writes == true {
-                let (from, to, seconds) = (sink.firstOffset, cursor.position.load(ordering: .relaxed), Clock.monotonic() - began)
-                lock.withLock {
-                    state.onSources { $0.measured(source, bytes: to - from, seconds: seconds) }
-                    state.wrote(from, to, by: source)
-                }
-            }
             if lock.withLock({ state.isStopped(id) }) { return .retired }
             let now = lock.withLock { state.heldAtMost(heldBytes()) }
             let progressed = now > sinceLastFailure
@@ -411,8 +419,11 @@ extension FileDownload {
                 let (next, notice) = lock.withLock { () -> (SourceSet.Next, String?) in
                     let others = state.activeConnections > 1
                     return state.onSources { s in
-                        busy ? (s.busy(source, connection: id, othersFetching: others), nil)
-                            : s.failed(source, connection: id, why: failure)
+                        guard busy else { return s.failed(source, connection: id, why: failure) }
+                        // A busy answer says how many it takes: said once per change, not per connection.
+                        let cap = s.sources[source].cap
+                        let next = s.busy(source, connection: id, othersFetching: others)
+                        return (next, s.sources[source].cap < cap ? s.capNotice(source) : nil)
                     }
                 }
                 if let notice { onEvent(.notice(notice)) }
@@ -422,7 +433,7 @@ extension FileDownload {
                     move(to: to)
                     continue
                 case .leave:
-                    onEvent(.notice("connection \(id + 1) retired: \(failure)"))
+                    if !busy { onEvent(.notice("connection \(id + 1) retired: \(failure)")) }
                     return .retired
                 }
             }

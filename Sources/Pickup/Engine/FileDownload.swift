@@ -65,6 +65,10 @@ final class FileDownload: @unchecked Sendable {
     /// checkpoint may ever be claimed. The run ends with this error (exit 6), keeping what was
     /// durable before.
     let syncFailure = NIOLockedValueBox<PickupError?>(nil)
+    /// The search for a source whose bytes break the whole-file hash, while one runs.
+    var search: BadSourceSearch?
+    /// A whole-file hash already checked against every byte held (the finish need not read them again).
+    var preVerified: ExpectedDigest?
     /// A write-behind is queued or running on the pool.
     let writeBehindQueued = ManagedAtomic(false)
 

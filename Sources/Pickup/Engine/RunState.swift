@@ -82,6 +82,26 @@ struct RunState {
         provenance.append((start, end, source))
     }
 
+    /// The byte ranges `source` wrote in this run, merged.
+    func written(by source: Int) -> [(start: Int64, end: Int64)] {
+        var merged: [(start: Int64, end: Int64)] = []
+        for w in provenance.filter({ $0.source == source }).sorted(by: { $0.start < $1.start }) {
+            if let last = merged.last, w.start <= last.end {
+                merged[merged.count - 1].end = max(last.end, w.end)
+            } else {
+                merged.append((w.start, w.end))
+            }
+        }
+        return merged
+    }
+
+    /// The sources that wrote bytes in this run, the largest share first.
+    var writersByShare: [Int] {
+        var share: [Int: Int64] = [:]
+        for w in provenance { share[w.source, default: 0] += w.end - w.start }
+        return share.keys.sorted { (share[$0]!, -$0) > (share[$1]!, -$1) }
+    }
+
     /// The source that wrote all of `start..<end` in this run, when one did alone (a piece written
     /// partly by several sources, or before a kill, blames none of them).
     func soleWriter(of start: Int64, _ end: Int64) -> Int? {
@@ -100,15 +120,21 @@ struct RunState {
         guard let total = record.totalLength else { return .none }
         // Every byte is held: the ranges are the held stretches between the bad pieces, and the
         // bad pieces, empty.
+        var merged: [(start: Int64, end: Int64)] = []
+        for r in bad.sorted(by: { $0.start < $1.start }) {
+            let (a, b) = (max(0, r.start), min(total, r.end))
+            guard a < b else { continue }
+            if let last = merged.last, a <= last.end {
+                merged[merged.count - 1].end = max(last.end, b)
+            } else {
+                merged.append((a, b))
+            }
+        }
         var segments: [SegmentRecord] = []
         var next: Int64 = 0
-        for (a, b) in bad.sorted(by: { $0.start < $1.start }) where a >= next && b <= total {
+        for (a, b) in merged {
             if a > next { segments.append(SegmentRecord(start: next, end: a, done: a - next)) }
-            if let last = segments.last, last.done == 0, last.end == a {
-                segments[segments.count - 1].end = b
-            } else {
-                segments.append(SegmentRecord(start: a, end: b, done: 0))
-            }
+            segments.append(SegmentRecord(start: a, end: b, done: 0))
             next = b
         }
         if next < total { segments.append(SegmentRecord(start: next, end: total, done: total - next)) }

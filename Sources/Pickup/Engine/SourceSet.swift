@@ -143,6 +143,7 @@ struct SourceSet: Equatable {
     /// `source` takes no more connections (a 503, a 429, FTP's 421): its cap is what it had
     /// without `connection`, which moves to another source with room, or leaves when others are
     /// fetching. Alone on its source, it waits and retries.
+    /// The notice when the cap went down is ``capNotice(_:)``.
     mutating func busy(_ source: Int, connection: Int, othersFetching: Bool) -> Next {
         let others = sources[source].connections.subtracting([connection]).count
         if others > 0 { sources[source].cap = others }
@@ -153,6 +154,11 @@ struct SourceSet: Equatable {
         if others == 0 && !othersFetching { return .retry }
         unbind(connection)
         return .leave
+    }
+
+    /// What to say of `source`'s cap (after a busy answer lowered it).
+    func capNotice(_ source: Int) -> String {
+        "mirror \(DownloadURL.redacted(sources[source].url)) takes \(sources[source].cap) connection\(sources[source].cap == 1 ? "" : "s") at most"
     }
 
     /// An attempt on `source` failed (`why`): after ``failuresToRetire`` in a row the source is
@@ -199,6 +205,14 @@ struct SourceSet: Equatable {
         sources[source].badPieces += 1
         return sources[source].badPieces >= Self.badPiecesToRetire
     }
+
+    /// `source` takes no requests while its share of a file whose hash failed is fetched from
+    /// the others (``FileDownload/searchForTheBadSource(file:)``); nil lifts it.
+    mutating func suspend(_ source: Int?) {
+        for i in sources.indices where sources[i].retired == Self.suspected { sources[i].retired = nil }
+        if let source, sources[source].retired == nil { sources[source].retired = Self.suspected }
+    }
+    static let suspected = "suspected of sending other bytes"
 
     /// Sources start a new round of connections: caps and failures are forgotten, retirements kept.
     mutating func newRound(connections: Int) {
