@@ -139,6 +139,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
             self.cursor = cursor
             offset = start
             firstOffset = start
+            download.lock.withLock { download.inFlight[connection] = (start, source, cursor, download.record.epoch) }
             responseEnd = end ?? .max
             writing = true
         }

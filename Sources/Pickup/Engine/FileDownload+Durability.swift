@@ -29,7 +29,12 @@ extension FileDownload {
     /// Waits for a checkpoint in flight. On the blocking-I/O pool.
     func checkpointNow() throws {
         try ioLock.withLock {
-            let (action, file) = lock.withLock { (state.checkpoint(written: writtenByRange()), self.file) }
+            let (action, file) = lock.withLock { () -> (Checkpoints.Action, PartialFile?) in
+                let epoch = record.epoch
+                state.recordWriters(inFlight: inFlight.values.filter { $0.epoch == epoch }
+                    .map { ($0.from, $0.cursor.position.load(ordering: .relaxed), $0.source) })
+                return (state.checkpoint(written: writtenByRange()), self.file)
+            }
             try perform(action, file: file)
         }
     }

@@ -100,11 +100,14 @@ extension FileDownload {
         if SafeFileName.isHelperName(name) { name += "_" }
         // The modification time is final now (neither the attribute nor the rename changes it), so
         // one encoding serves the attribute and the index.
+        // The validators a later run asks with: the URL's, else a mirror's (named, to ask it).
+        let mirror = rec.validators == nil ? rec.mirrors?.first(where: { $0.rejected == nil && $0.validators != nil }) : nil
         var completion = CompletionRecord(url: request.url, name: name,
-                                          validators: rec.validators, length: size, mtime: FS.mtime(file.fd) ?? 0,
+                                          validators: rec.validators ?? mirror?.validators, length: size, mtime: FS.mtime(file.fd) ?? 0,
                                           digest: verified,
                                           directory: directory.isAbsolute ? directory.string
                                               : FilePath(FileManager.default.currentDirectoryPath).pushing(directory).string)
+        completion.source = mirror?.url
         var encoded = store.attach(completion, to: file)
         while !(try place(as: name)) {
             // Something appeared at the target since we chose it: never replace it.

@@ -24,6 +24,7 @@ extension FileDownload {
                     if state.sources.canReject(source) { throw SourceRejected(reason: why) }
                     throw RepresentationChanged(reason: why)
                 }
+                if context.validators?.ifRange != nil { state.heldConfirmed = true }
                 if source == 0, state.sources.count < 64, record.validators == nil {
                     // Metalink/HTTP (RFC 6249): the first answer names the file's mirrors.
                     for m in LinkHeader.duplicates(head.headers.filter { $0.name.caseInsensitiveEquals("Link") }.map(\.value)) {

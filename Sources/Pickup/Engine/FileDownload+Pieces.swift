@@ -55,8 +55,9 @@ extension FileDownload {
 extension FileDownload {
     /// Where the search for a source whose bytes break the whole-file hash stands.
     struct BadSourceSearch {
-        /// Sources to suspect in turn (the largest share first).
-        var suspects: [Int]
+        /// Sources to suspect in turn (the largest share first); nil until every byte's source is
+        /// known (a first round fetches the bytes of unknown source again).
+        var suspects: [Int]?
         /// What each source wrote in this run, over the search's rounds (a round forgets the
         /// writers of the bytes it fetches again; their earlier shares stay suspect).
         var written: [Int: [(start: Int64, end: Int64)]] = [:]
@@ -90,15 +91,24 @@ extension FileDownload {
             return true
         }
         let next = lock.withLock { () -> (source: Int, ranges: [(start: Int64, end: Int64)])? in
-            var s = search ?? BadSourceSearch(suspects: state.writersByShare, current: nil)
-            for source in state.sources.sources.indices { s.written[source, default: []] += state.written(by: source) }
+            var s = search ?? BadSourceSearch(suspects: nil, current: nil)
             state.onSources { $0.suspend(nil) }
+            if s.suspects == nil {
+                let unknown = state.unattributed(total: record.totalLength ?? 0)
+                if search == nil, !unknown.isEmpty {
+                    // First the bytes whose source is not known, from whichever sources.
+                    search = s
+                    return (-1, unknown)
+                }
+                s.suspects = state.writersByShare
+            }
+            for source in state.sources.sources.indices { s.written[source, default: []] += state.written(by: source) }
             // A suspect whose share another live source can fetch.
-            guard let i = s.suspects.firstIndex(where: { c in state.sources.live.contains { $0 != c } }) else {
+            guard let i = s.suspects?.firstIndex(where: { c in state.sources.live.contains { $0 != c } }) else {
                 search = s
                 return nil
             }
-            let source = s.suspects.remove(at: i)
+            let source = s.suspects!.remove(at: i)
             s.current = source
             search = s
             state.onSources { $0.suspend(source) }
@@ -106,10 +116,15 @@ extension FileDownload {
         }
         // Nothing left to suspect: the finish says the hash failed.
         guard let next else { return true }
-        let url = lock.withLock { DownloadURL.redacted(state.sources.sources[next.source].url) }
         let bytes = next.ranges.reduce(Int64(0)) { $0 + $1.end - $1.start }
-        onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching the \(ByteCount.format(bytes)) "
-            + "that \(url) sent from the other sources"))
+        if next.source < 0 {
+            onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching again the \(ByteCount.format(bytes)) "
+                + "whose source is not known (written before a kill), to find the source that sent other bytes"))
+        } else {
+            let url = lock.withLock { DownloadURL.redacted(state.sources.sources[next.source].url) }
+            onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching the \(ByteCount.format(bytes)) "
+                + "that \(url) sent from the other sources"))
+        }
         try ioLock.withLock {
             let action = lock.withLock { () -> Checkpoints.Action in
                 cursors = [:]

@@ -103,10 +103,14 @@ extension FileDownload {
     func connection(_ id: Int, file: PartialFile, conditional: (FilePath, CompletionRecord)?) async throws {
         // Each connection asks one source at a time: the first asks the URL given first (unless
         // it was rejected or sent a bad piece), the others the best source with room.
+        // A finished file is asked about at the source whose validators it has.
+        let asked = lock.withLock {
+            conditional?.1.source.flatMap { u in state.sources.sources.firstIndex { $0.url == u } } ?? 0
+        }
         let bound = lock.withLock { () -> Bool in
             state.onSources { s in
-                if id == 0, !s.isRetired(0), s.sources[0].badPieces == 0 || s.pick(avoiding: 0) == nil {
-                    s.bind(0, to: 0)
+                if id == 0, !s.isRetired(asked), s.sources[asked].badPieces == 0 || s.pick(avoiding: asked) == nil {
+                    s.bind(0, to: asked)
                     return true
                 }
                 return s.bind(id) != nil
@@ -115,7 +119,7 @@ extension FileDownload {
         guard bound else { return }
         defer { lock.withLock { state.onSources { $0.unbind(id) } } }
         var conditional = conditional
-        if lock.withLock({ state.sources.source(of: id) }) != 0 { conditional = nil }
+        if lock.withLock({ state.sources.source(of: id) }) != asked { conditional = nil }
         var cursor: SegmentCursor? = id == 0 ? firstCursor() : assign(id)
         defer { lock.withLock { _ = state.ranges { $0.release(id) } } }
         while true {
@@ -247,6 +251,7 @@ extension FileDownload {
         /// Goes on with source `to` (another mirror): its URL, its own redirects and failures.
         func move(to: Int) {
             source = to
+            conditional = nil  // a finished file's validators are one source's
             url = lock.withLock { state.sources.url(to) }
             (redirects, ownFailures, triedOriginalAgain, unresolved) = (0, 0, false, 0)
         }
@@ -265,7 +270,19 @@ extension FileDownload {
                 guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
                 move(to: to)
             }
-            let (validators, total) = lock.withLock { (record.validators(of: source), record.totalLength) }
+            var (validators, total) = lock.withLock { (record.validators(of: source), record.totalLength) }
+            // Bytes held from an earlier run are confirmed first, by a source that can (its strong
+            // validator in If-Range); one that never answered could send another version's bytes.
+            if several, cursor.position.load(ordering: .relaxed) > 0, validators?.ifRange == nil, lock.withLock({ !state.heldConfirmed }) {
+                let to = lock.withLock { () -> Int? in
+                    guard let c = state.sources.live.first(where: { record.validators(of: $0)?.ifRange != nil }) else { return nil }
+                    state.onSources { $0.bind(id, to: c) }
+                    return c
+                }
+                guard let to else { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
+                move(to: to)
+                (validators, total) = lock.withLock { (record.validators(of: source), record.totalLength) }
+            }
             var offset = cursor.position.load(ordering: .relaxed)
             let end = cursor.end.load(ordering: .relaxed)
             if conditional == nil, offset >= end || (total != nil && offset >= total!) { return .done }
@@ -294,8 +311,9 @@ extension FileDownload {
                     let to = sink.cursor.position.load(ordering: .relaxed)
                     let seconds = Clock.monotonic() - began
                     lock.withLock {
+                        let epoch = inFlight.removeValue(forKey: id)?.epoch
                         state.onSources { $0.measured(asked, bytes: to - from, seconds: seconds) }
-                        state.wrote(from, to, by: asked)
+                        if epoch == record.epoch { state.wrote(from, to, by: asked) }
                     }
                 }
             }
@@ -415,7 +433,8 @@ extension FileDownload {
             sinceLastFailure = now
             // Several sources: a busy one (503, too many connections) takes no more, a failing one
             // is left for another with room, and one that keeps failing is retired.
-            if several, failuresInRow <= options.retry.maxAttemptsWithoutProgress {
+            // (Until the held bytes are confirmed, the source that can confirm them is retried in place.)
+            if several, failuresInRow <= options.retry.maxAttemptsWithoutProgress, lock.withLock({ state.heldConfirmed }) {
                 let (next, notice) = lock.withLock { () -> (SourceSet.Next, String?) in
                     let others = state.activeConnections > 1
                     return state.onSources { s in

@@ -65,6 +65,10 @@ final class FileDownload: @unchecked Sendable {
     /// checkpoint may ever be claimed. The run ends with this error (exit 6), keeping what was
     /// durable before.
     let syncFailure = NIOLockedValueBox<PickupError?>(nil)
+    /// Responses writing now, by connection: where each began, its source and its cursor (for
+    /// the record's writers at a checkpoint).
+    /// (Bytes of a representation since discarded, by their epoch, are nobody's.)
+    var inFlight: [Int: (from: Int64, source: Int, cursor: SegmentCursor, epoch: UInt64?)] = [:]
     /// The search for a source whose bytes break the whole-file hash, while one runs.
     var search: BadSourceSearch?
     /// A whole-file hash already checked against every byte held (the finish need not read them again).

@@ -16,6 +16,9 @@
 ///    is discarded, so that bytes of two versions are never combined.
 /// 6. A complete file (killed while finishing) is confirmed too: its last byte is asked again
 ///    with `If-Range`, so that a file changed since is fetched anew, not put in place as current.
+/// 7. With mirrors, a strong validator of any source will do for rule 5, and no byte from a
+///    source that cannot confirm the held bytes is taken before one that can has (the run's
+///    first request from held bytes goes to a source with a strong validator).
 enum Recovery {
     /// What an earlier run left.
     struct Found {
@@ -57,7 +60,11 @@ enum Recovery {
             segments = record.merging(written: written)
         }
         let held = segments.reduce(0) { $0 + $1.done }
-        if held > 0, record.validators?.ifRange == nil {
+        // With mirrors, a strong validator of any source that is not rejected will do: the run's
+        // first request from held bytes goes to such a source (``FileDownload/fetchRange``).
+        let strong = record.validators?.ifRange != nil
+            || (record.mirrors ?? []).contains { $0.rejected == nil && $0.validators?.ifRange != nil }
+        if held > 0, !strong {
             return .startOver("cannot resume safely: the server gave no strong validator (ETag or Last-Modified), so old and new bytes could be mixed; starting over")
         }
         if held > 0, held == record.totalLength, let last = segments.indices.max(by: { segments[$0].start < segments[$1].start }),

@@ -30,7 +30,11 @@ struct RunState {
     /// Whether this round's first valid 206 has decided on more connections.
     var connectionsDecided = false
     /// Bytes held at the start that were kept (zero once they had to be discarded).
-    var keptFromStart: Int64 = 0
+    var keptFromStart: Int64 = 0 {
+        didSet { heldConfirmed = keptFromStart == 0 }
+    }
+    /// Whether a response has confirmed the bytes held at the start (by `If-Range`), or none were held.
+    var heldConfirmed = true
     /// Seconds from sending the latest request to its response head: what a new request costs.
     var latency: Double?
     /// The most bytes held at once in this run: what the retry budget counts progress by (a
@@ -52,10 +56,34 @@ struct RunState {
     /// The record's mirrors follow the sources (in order), keeping each one's validators and
     /// rejection by URL; a rejected mirror stays retired.
     private mutating func alignMirrors() {
+        let oldURLs = [record.url] + (record.mirrors ?? []).map(\.url)
         let old = record.mirrors ?? []
         let aligned = sources.sources.dropFirst().map { s in old.first { $0.url == s.url } ?? SourceRecord(url: s.url) }
         if (record.mirrors ?? []) != aligned { checkpoints.update { $0.mirrors = aligned.isEmpty ? nil : aligned } }
         for (i, m) in aligned.enumerated() { if let why = m.rejected { _ = sources.retire(i + 1, why: why) } }
+        // Who wrote what, by the sources' places now (a source no longer given is forgotten).
+        let place = Dictionary(sources.sources.enumerated().map { ($1.url, $0) }, uniquingKeysWith: { a, _ in a })
+        provenance = (record.writers ?? []).compactMap { w in
+            guard w.count == 3, w[0] >= 0, w[0] < w[1], oldURLs.indices.contains(Int(clamping: w[2])),
+                let s = place[oldURLs[Int(w[2])]] else { return nil }
+            return (w[0], w[1], s)
+        }
+    }
+
+    /// Before a checkpoint: the record's writers become this run's provenance and the attempts
+    /// in flight (`inFlight`: start, current end, source), merged (several sources only).
+    mutating func recordWriters(inFlight: [(start: Int64, end: Int64, source: Int)]) {
+        guard sources.several else { return }
+        var merged: [[Int64]] = []
+        for w in (provenance + inFlight).filter({ $0.end > $0.start }).sorted(by: { ($0.start, $0.source) < ($1.start, $1.source) }) {
+            if let last = merged.last, last[2] == Int64(w.source), w.start <= last[1] {
+                merged[merged.count - 1][1] = max(last[1], w.end)
+            } else {
+                merged.append([w.start, w.end, Int64(w.source)])
+            }
+        }
+        if merged.count > 2000 { merged = Array(merged.suffix(2000)) }
+        if merged != (record.writers ?? []) { checkpoints.update { $0.writers = merged.isEmpty ? nil : merged } }
     }
 
     /// Changes the sources' run-time state.
@@ -76,10 +104,21 @@ struct RunState {
         checkpoints.update { $0.mirrors = ($0.mirrors ?? []) + [SourceRecord(url: url)] }
     }
 
-    /// Source `source` wrote `start..<end` in this run.
+    /// Source `source` wrote `start..<end` (what any source wrote there before is overwritten).
     mutating func wrote(_ start: Int64, _ end: Int64, by source: Int) {
         guard end > start, provenance.count < 100_000 else { return }
+        forget([(start, end)])
         provenance.append((start, end, source))
+    }
+
+    /// No source wrote `ranges` any more (their bytes are to be fetched again).
+    private mutating func forget(_ ranges: [(start: Int64, end: Int64)]) {
+        for (a, b) in ranges {
+            provenance = provenance.flatMap { w -> [(start: Int64, end: Int64, source: Int)] in
+                guard w.start < b, w.end > a else { return [w] }
+                return [(w.start, a, w.source), (b, w.end, w.source)].filter { $0.end > $0.start }
+            }
+        }
     }
 
     /// The byte ranges `source` wrote in this run, merged.
@@ -93,6 +132,19 @@ struct RunState {
             }
         }
         return merged
+    }
+
+    /// The bytes of `0..<total` no source is known to have written (held from before a kill,
+    /// written after its last checkpoint: the cursor file keeps no source).
+    func unattributed(total: Int64) -> [(start: Int64, end: Int64)] {
+        var gaps: [(start: Int64, end: Int64)] = []
+        var next: Int64 = 0
+        for w in provenance.sorted(by: { $0.start < $1.start }) {
+            if w.start > next { gaps.append((next, min(w.start, total))) }
+            next = max(next, w.end)
+        }
+        if next < total { gaps.append((next, total)) }
+        return gaps.filter { $0.end > $0.start }
     }
 
     /// The sources that wrote bytes in this run, the largest share first.
@@ -138,7 +190,7 @@ struct RunState {
             next = b
         }
         if next < total { segments.append(SegmentRecord(start: next, end: total, done: total - next)) }
-        provenance.removeAll()
+        forget(merged)
         // Stored as a recovery is: once stored, these are the ranges (``stored(_:version:)``).
         return checkpoints.recovered(segments)
     }
@@ -293,10 +345,14 @@ struct RunState {
     /// ranges and observations go, and the store to carry out before a new byte is written.
     mutating func restarted(_ reset: (inout ControlRecord) -> Void) -> Checkpoints.Action {
         keptFromStart = 0
+        provenance = []
         lastSeen = [:]
         keeper = nil
         scheduler = nil
-        return checkpoints.restarted(reset)
+        return checkpoints.restarted { r in
+            reset(&r)
+            r.writers = nil
+        }
     }
 
     /// Every byte is written and fsynced: the ranges go; the store to carry out, if any.

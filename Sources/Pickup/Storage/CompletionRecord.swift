@@ -21,6 +21,8 @@ public struct CompletionRecord: Codable, Equatable, Sendable {
     /// The directory the file was finished in (so that an index entry whose file is gone can be
     /// dropped: ``CompletionStore/sweep()``).
     public var directory: String?
+    /// The mirror whose validators these are, when the URL given gave none (nil: the URL).
+    public var source: String? = nil
 }
 
 /// Where Pickup keeps state outside the download directory.

@@ -38,6 +38,9 @@ public struct ControlRecord: Codable, Equatable, Sendable {
     public var epoch: UInt64?
     /// The file's mirrors (sources 1, 2, ... after `url`), each with its own validators; nil for one URL.
     public var mirrors: [SourceRecord]?
+    /// With mirrors: which source wrote which bytes (`[start, end, source]`, merged), so that a
+    /// bad piece or a failed hash is blamed on its source after a kill too.
+    public var writers: [[Int64]]?
 
     /// A record.
     public init(
