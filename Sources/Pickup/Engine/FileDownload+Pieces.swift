@@ -63,6 +63,9 @@ extension FileDownload {
         var written: [Int: [(start: Int64, end: Int64)]] = [:]
         /// The one suspended now.
         var current: Int?
+        /// Those suspected already (a source that first writes while another's share is fetched
+        /// again joins the end of the line).
+        var tried: Set<Int> = []
     }
 
     /// With several sources and a whole-file hash (``DownloadRequest/checksum`` or the server's
@@ -100,8 +103,9 @@ extension FileDownload {
                     search = s
                     return (-1, unknown)
                 }
-                s.suspects = state.writersByShare
+                s.suspects = []
             }
+            for w in state.writersByShare where !s.tried.contains(w) && s.suspects?.contains(w) == false { s.suspects?.append(w) }
             for source in state.sources.sources.indices { s.written[source, default: []] += state.written(by: source) }
             // A suspect whose share another live source can fetch.
             guard let i = s.suspects?.firstIndex(where: { c in state.sources.live.contains { $0 != c } }) else {
@@ -109,6 +113,7 @@ extension FileDownload {
                 return nil
             }
             let source = s.suspects!.remove(at: i)
+            s.tried.insert(source)
             s.current = source
             search = s
             state.onSources { $0.suspend(source) }
