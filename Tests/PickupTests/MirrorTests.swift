@@ -147,6 +147,28 @@ import PickupDaemon
         await f.close()
     }
 
+    @Test func oneConnectionWhoseWholeRangeIsBadFetchesItAgainFromAnotherSource() async throws {
+        // One range covering the file, every piece bad: the range is cut to the same shape it had,
+        // and must still count as not held.
+        let f = try await Fixture(connections: 1)
+        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: nil, rate: nil))
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: nil))
+        _ = try await download(f, ["/bad", "/a"].map(f.server.url), pieces: Self.pieces(body, length: 1 << 20))
+        #expect(Self.same(f, body))
+        #expect(f.server.requests("/a").contains { $0.status == 206 })
+        await f.close()
+    }
+
+    @Test func aHostileControlFilesWritersNeitherTrapNorCount() {
+        var record = ControlRecord(url: "http://a/f", target: nil, validators: nil, totalLength: 100,
+                                   segments: [SegmentRecord(start: 0, end: 100, done: 100)], mirrors: [SourceRecord(url: "http://b/f")])
+        record.writers = [[0, .max, 0], [1, .max, 0], [0, 50, 1], [-5, 3, 1], [10, 20, 99], [10, 20, .min], [7], [30, 20, 0]]
+        let state = RunState(record: record, minSplit: 1, sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
+        #expect(state.writersByShare == [1])
+        #expect(state.written(by: 1).map { [$0.start, $0.end] } == [[0, 50]])
+        #expect(state.unattributed(total: 100).map { [$0.start, $0.end] } == [[50, 100]])
+    }
+
     @Test func withoutAGoodSourceBadPiecesEndInAVerificationError() async throws {
         let f = try await Fixture(connections: 2)
         let pieces = Self.pieces(body, length: 1 << 20)
@@ -266,7 +288,7 @@ import PickupDaemon
         #expect(s.bind(2) == 2)
         #expect(s.bind(3) == 0)
         // A busy source takes no more than it had without the refused connection.
-        #expect(s.busy(0, connection: 3, othersFetching: true) == .moveTo(1))
+        #expect(s.busy(0, connection: 3, othersFetching: true, why: "503").next == .moveTo(1))
         #expect(s.sources[0].cap == 1)
         #expect(s.pick(avoiding: nil) != 0)
         #expect(s.retire(1, why: "x") != nil)

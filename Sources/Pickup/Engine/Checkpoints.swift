@@ -132,6 +132,15 @@ struct Checkpoints: Equatable {
         return .syncAndStore(next, version: version)
     }
 
+    /// The held bytes are now `segments` (bytes that failed a hash no longer held; never more than
+    /// was claimed): the record takes them at once, whatever their shape, and returns the durable
+    /// store to carry out before a byte is written into what they no longer hold.
+    mutating func reshaped(_ segments: [SegmentRecord]) -> Action {
+        record.segments = segments
+        version += 1
+        return ended ? .none : .store(record, version: version, durable: true)
+    }
+
     /// Every byte is written and the caller has fsynced the file: the record claiming all of it,
     /// to store durably when a digest is still to be verified and a control file exists (a kill
     /// during the verification then costs a verification, not the bytes). Without a digest the

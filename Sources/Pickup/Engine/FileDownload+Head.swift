@@ -20,6 +20,8 @@ extension FileDownload {
                 state.latency = latency
                 guard let file else { return nil }
                 if isDropped(cursor) { throw StopReading() }
+                // A source retired meanwhile (by another connection) writes nothing more.
+                if state.sources.isRetired(source) { throw SourceRejected(reason: "it was retired") }
                 if state.sources.several, let why = disagreement(source: source, total: total, validators: validators) {
                     if state.sources.canReject(source) { throw SourceRejected(reason: why) }
                     throw RepresentationChanged(reason: why)
@@ -73,7 +75,8 @@ extension FileDownload {
             // already replaced (and so made the ranges one) must not be taken for the only range.
             let (ranges, file, dropped, rejectable) = lock.withLock {
                 (record.segments.count, self.file, isDropped(cursor),
-                 state.sources.several && state.sources.canReject(source) && (context.offset > 0 || record.totalLength != nil))
+                 state.sources.isRetired(source)
+                    || state.sources.several && state.sources.canReject(source) && (context.offset > 0 || record.totalLength != nil))
             }
             guard let file else { return nil }
             if dropped { throw StopReading() }

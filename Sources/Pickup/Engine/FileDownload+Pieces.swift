@@ -81,16 +81,16 @@ extension FileDownload {
         }
         try checkpointNow()
         if try Self.digest(of: file, algorithm: expected.algorithm) == expected.bytes {
-            lock.withLock {
+            let notice = lock.withLock { () -> String? in
                 preVerified = expected
-                if let bad = search?.current {
-                    let url = DownloadURL.redacted(state.sources.sources[bad].url)
-                    state.onSources { $0.suspend(nil) }
-                    let notice = state.reject(bad, why: "its bytes did not match the \(expected.algorithm.rawValue) hash; its share was fetched from the others")
-                    onEvent(.notice(notice ?? "mirror \(url) sent bytes that do not match the \(expected.algorithm.rawValue) hash"))
-                }
-                search = nil
+                defer { search = nil }
+                guard let bad = search?.current else { return nil }
+                let url = DownloadURL.redacted(state.sources.sources[bad].url)
+                state.onSources { $0.suspend(nil) }
+                let notice = state.reject(bad, why: "its bytes did not match the \(expected.algorithm.rawValue) hash; its share was fetched from the others")
+                return notice ?? "mirror \(url) sent bytes that do not match the \(expected.algorithm.rawValue) hash"
             }
+            if let notice { onEvent(.notice(notice)) }
             return true
         }
         let next = lock.withLock { () -> (source: Int, ranges: [(start: Int64, end: Int64)])? in
@@ -106,7 +106,9 @@ extension FileDownload {
                 s.suspects = []
             }
             for w in state.writersByShare where !s.tried.contains(w) && s.suspects?.contains(w) == false { s.suspects?.append(w) }
-            for source in state.sources.sources.indices { s.written[source, default: []] += state.written(by: source) }
+            for source in state.sources.sources.indices {
+                s.written[source] = RunState.merged((s.written[source] ?? []) + state.written(by: source))
+            }
             // A suspect whose share another live source can fetch.
             guard let i = s.suspects?.firstIndex(where: { c in state.sources.live.contains { $0 != c } }) else {
                 search = s
@@ -121,7 +123,10 @@ extension FileDownload {
         }
         // Nothing left to suspect: the finish says the hash failed.
         guard let next else { return true }
-        let bytes = next.ranges.reduce(Int64(0)) { $0 + $1.end - $1.start }
+        let bytes = next.ranges.reduce(Int64(0)) { sum, r in
+            let (s, overflow) = sum.addingReportingOverflow(r.end - r.start)
+            return overflow ? .max : s
+        }
         if next.source < 0 {
             onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching again the \(ByteCount.format(bytes)) "
                 + "whose source is not known (written before a kill), to find the source that sent other bytes"))

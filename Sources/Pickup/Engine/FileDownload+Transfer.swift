@@ -245,7 +245,7 @@ extension FileDownload {
         var triedOriginalAgain = false
         var unresolved = 0
         var source = lock.withLock { state.sources.source(of: id) ?? 0 }
-        let several = lock.withLock { state.sources.several }
+        var several = lock.withLock { state.sources.several }
         var url = lock.withLock { source == 0 && !several ? resolvedURL : state.sources.url(source) }
         let retireAfter = 3
         /// Goes on with source `to` (another mirror): its URL, its own redirects and failures.
@@ -261,6 +261,8 @@ extension FileDownload {
         var sinceLastFailure = lock.withLock { state.heldAtMost(heldBytes()) }
         while true {
             try Task.checkCancellation()
+            // (Mirrors named by the first answer make several sources of one.)
+            several = lock.withLock { state.sources.several }
             if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
             // Another connection goes on alone (a response replaced every held byte): this one's
             // range is gone, and its cursor with it.
@@ -441,8 +443,8 @@ extension FileDownload {
                         guard busy else { return s.failed(source, connection: id, why: failure) }
                         // A busy answer says how many it takes: said once per change, not per connection.
                         let cap = s.sources[source].cap
-                        let next = s.busy(source, connection: id, othersFetching: others)
-                        return (next, s.sources[source].cap < cap ? s.capNotice(source) : nil)
+                        let (next, retired) = s.busy(source, connection: id, othersFetching: others, why: failure)
+                        return (next, retired ?? (s.sources[source].cap < cap ? s.capNotice(source) : nil))
                     }
                 }
                 if let notice { onEvent(.notice(notice)) }

@@ -63,9 +63,11 @@ struct RunState {
         for (i, m) in aligned.enumerated() { if let why = m.rejected { _ = sources.retire(i + 1, why: why) } }
         // Who wrote what, by the sources' places now (a source no longer given is forgotten).
         let place = Dictionary(sources.sources.enumerated().map { ($1.url, $0) }, uniquingKeysWith: { a, _ in a })
-        provenance = (record.writers ?? []).compactMap { w in
-            guard w.count == 3, w[0] >= 0, w[0] < w[1], oldURLs.indices.contains(Int(clamping: w[2])),
-                let s = place[oldURLs[Int(w[2])]] else { return nil }
+        // A control file is input like any other: entries inside the length, not too many.
+        let length = record.totalLength ?? 0
+        provenance = (record.writers ?? []).prefix(2000).compactMap { w in
+            guard w.count == 3, w[0] >= 0, w[0] < w[1], w[1] <= length, oldURLs.indices.contains(Int(clamping: w[2])),
+                let s = place[oldURLs[Int(clamping: w[2])]] else { return nil }
             return (w[0], w[1], s)
         }
     }
@@ -121,14 +123,19 @@ struct RunState {
         }
     }
 
-    /// The byte ranges `source` wrote in this run, merged.
+    /// The byte ranges `source` wrote (this run, and earlier ones the control file remembers), merged.
     func written(by source: Int) -> [(start: Int64, end: Int64)] {
+        Self.merged(provenance.filter { $0.source == source }.map { ($0.start, $0.end) })
+    }
+
+    /// `ranges` sorted, overlapping and touching ones joined.
+    static func merged(_ ranges: [(start: Int64, end: Int64)]) -> [(start: Int64, end: Int64)] {
         var merged: [(start: Int64, end: Int64)] = []
-        for w in provenance.filter({ $0.source == source }).sorted(by: { $0.start < $1.start }) {
-            if let last = merged.last, w.start <= last.end {
-                merged[merged.count - 1].end = max(last.end, w.end)
+        for r in ranges.sorted(by: { $0.start < $1.start }) where r.end > r.start {
+            if let last = merged.last, r.start <= last.end {
+                merged[merged.count - 1].end = max(last.end, r.end)
             } else {
-                merged.append((w.start, w.end))
+                merged.append(r)
             }
         }
         return merged
@@ -150,7 +157,10 @@ struct RunState {
     /// The sources that wrote bytes in this run, the largest share first.
     var writersByShare: [Int] {
         var share: [Int: Int64] = [:]
-        for w in provenance { share[w.source, default: 0] += w.end - w.start }
+        for w in provenance {
+            let (sum, overflow) = share[w.source, default: 0].addingReportingOverflow(w.end - w.start)
+            share[w.source] = overflow ? .max : sum
+        }
         return share.keys.sorted { (share[$0]!, -$0) > (share[$1]!, -$1) }
     }
 
@@ -166,22 +176,13 @@ struct RunState {
     }
 
     /// Bytes `bad` (pieces that failed their hash) are no longer held: the ranges covering them
-    /// are cut around them; the ranges are rebuilt, unowned, once the store returned is carried
-    /// out. Every range must be complete (the round is over and its checkpoint stored).
+    /// are cut around them and the ranges rebuilt, unowned; the store returned must be carried out
+    /// before a byte is written. Every range must be complete (the round is over and its checkpoint stored).
     mutating func reopen(_ bad: [(start: Int64, end: Int64)]) -> Checkpoints.Action {
         guard let total = record.totalLength else { return .none }
         // Every byte is held: the ranges are the held stretches between the bad pieces, and the
         // bad pieces, empty.
-        var merged: [(start: Int64, end: Int64)] = []
-        for r in bad.sorted(by: { $0.start < $1.start }) {
-            let (a, b) = (max(0, r.start), min(total, r.end))
-            guard a < b else { continue }
-            if let last = merged.last, a <= last.end {
-                merged[merged.count - 1].end = max(last.end, b)
-            } else {
-                merged.append((a, b))
-            }
-        }
+        let merged = Self.merged(bad.map { (max(0, $0.start), min(total, $0.end)) })
         var segments: [SegmentRecord] = []
         var next: Int64 = 0
         for (a, b) in merged {
@@ -191,8 +192,9 @@ struct RunState {
         }
         if next < total { segments.append(SegmentRecord(start: next, end: total, done: total - next)) }
         forget(merged)
-        // Stored as a recovery is: once stored, these are the ranges (``stored(_:version:)``).
-        return checkpoints.recovered(segments)
+        let action = checkpoints.reshaped(segments)
+        rebuildRanges(claiming: nil)
+        return action
     }
 
     /// The control record: the download's description and each range's durable bytes.

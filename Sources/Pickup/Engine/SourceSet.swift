@@ -143,17 +143,22 @@ struct SourceSet: Equatable {
     /// `source` takes no more connections (a 503, a 429, FTP's 421): its cap is what it had
     /// without `connection`, which moves to another source with room, or leaves when others are
     /// fetching. Alone on its source, it waits and retries.
-    /// The notice when the cap went down is ``capNotice(_:)``.
-    mutating func busy(_ source: Int, connection: Int, othersFetching: Bool) -> Next {
+    /// The notice when the cap went down is ``capNotice(_:)``. Alone on its source and still
+    /// turned away, the connection has failed like any other (counted, so that two sources that
+    /// keep refusing cannot pass it back and forth without end): ``failed(_:connection:why:)``.
+    mutating func busy(_ source: Int, connection: Int, othersFetching: Bool, why: String) -> (next: Next, retired: String?) {
         let others = sources[source].connections.subtracting([connection]).count
-        if others > 0 { sources[source].cap = others }
+        guard others > 0 else {
+            if !several { return (othersFetching ? .leave : .retry, nil) }
+            return failed(source, connection: connection, why: why)
+        }
+        sources[source].cap = others
         if let to = pick(avoiding: source) {
             bind(connection, to: to)
-            return .moveTo(to)
+            return (.moveTo(to), nil)
         }
-        if others == 0 && !othersFetching { return .retry }
         unbind(connection)
-        return .leave
+        return (.leave, nil)
     }
 
     /// What to say of `source`'s cap (after a busy answer lowered it).

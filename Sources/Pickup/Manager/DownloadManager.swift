@@ -648,7 +648,8 @@ public actor DownloadManager {
         var request = Self.request(for: info, root: configuration.root)
         request.limiters = [globalLimiter] + (limiters[id].map { [$0] } ?? [])
         let box = NIOLockedValueBox(Reported())
-        let downloader = request.options.carriesSecrets(url: request.url) ? trustedDownloader ?? self.downloader : self.downloader
+        let secrets = ([request.url] + request.mirrors).contains { request.options.carriesSecrets(url: $0) }
+        let downloader = secrets ? trustedDownloader ?? self.downloader : self.downloader
         let task = Task {
             let result: Result<DownloadResult, PickupError>
             do throws(PickupError) {
