@@ -104,8 +104,6 @@ extension FileDownload {
     func restartFromZero(_ file: PartialFile) async throws {
         try await BlockingIO.run {
             try self.discardHeld(file) { record in
-                record.validators = nil
-                for i in (record.mirrors ?? []).indices { record.mirrors![i] = SourceRecord(url: record.mirrors![i].url) }
                 record.totalLength = nil
                 record.serverDigest = nil
                 record.segments = [SegmentRecord(start: 0, end: nil, done: 0)]

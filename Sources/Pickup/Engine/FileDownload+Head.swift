@@ -27,7 +27,7 @@ extension FileDownload {
                     throw RepresentationChanged(reason: why)
                 }
                 if context.validators?.ifRange != nil { state.heldConfirmed = true }
-                if source == 0, state.sources.count < 64, record.validators == nil {
+                if source == 0, record.validators == nil {
                     // Metalink/HTTP (RFC 6249): the first answer names the file's mirrors.
                     for m in LinkHeader.duplicates(head.headers.filter { $0.name.caseInsensitiveEquals("Link") }.map(\.value)) {
                         state.addMirror(m.url, connections: options.connections)
@@ -103,9 +103,6 @@ extension FileDownload {
             }
             mapCursorsIfLarge(total: total)
             try discardHeld(file) { r in
-                // Other sources' validators and rejections were about the bytes discarded now.
-                for i in (r.mirrors ?? []).indices { r.mirrors![i] = SourceRecord(url: r.mirrors![i].url) }
-                if source != 0 { r.validators = nil }
                 r.setValidators(validators, of: source)
                 r.totalLength = total
                 r.segments = [SegmentRecord(start: 0, end: total, done: 0)]

@@ -2,10 +2,10 @@ import Foundation
 
 extension FileDownload {
     /// Checks every piece against its hash (``DownloadRequest/pieces``) once every byte is held.
-    /// Returns true when all match. A bad piece is no longer held (its ranges are cut around it
-    /// and stored) and each source that sent bytes of it in this run is counted: one that keeps
-    /// sending bad pieces is rejected and named, and the next round fetches the pieces from
-    /// another source where one is clean. On the blocking-I/O pool, between rounds.
+    /// Returns true when all match. A bad piece is no longer held (``cutOut(_:)``) and the source
+    /// that wrote all of it (``RunState/soleWriter(of:_:)``) is counted: one that keeps sending bad
+    /// pieces is rejected and named, and the next round fetches the pieces from a clean source
+    /// where one has room. On the blocking-I/O pool, between rounds.
     func verifyPieces(_ pieces: Metalink.Pieces, file: PartialFile) throws -> Bool {
         try checkpointNow()
         guard let total = lock.withLock({ record.totalLength }), total > 0, pieces.length > 0 else { return true }
@@ -17,7 +17,7 @@ extension FileDownload {
         var bad: [(start: Int64, end: Int64)] = []
         for (k, expected) in pieces.hashes.enumerated() {
             let a = Int64(k) * pieces.length
-            let b = min(total, a + pieces.length)
+            let b = a + min(pieces.length, total - a)  // (no sum past the length: it may be near Int64.max)
             if try Self.digest(of: file, algorithm: pieces.algorithm, from: a, to: b) != expected { bad.append((a, b)) }
         }
         if bad.isEmpty { return true }
@@ -37,18 +37,23 @@ extension FileDownload {
         let from = blamed.isEmpty ? "" : " (sent by \(blamed.joined(separator: ", ")))"
         onEvent(.notice("\(bad.count) of \(count) pieces failed their \(pieces.algorithm.rawValue) hash\(from); fetching them again"))
         for notice in notices { onEvent(.notice(notice)) }
+        try cutOut(bad)
+        return false
+    }
+
+    /// `ranges` are no longer held (``RunState/reopen(_:)``), stored before a byte is written
+    /// into them; the cursor file is emptied, since its slots still cover them and must not be
+    /// taken back after a kill (every other byte is in the record). Between rounds, on the pool.
+    func cutOut(_ ranges: [(start: Int64, end: Int64)]) throws {
         try ioLock.withLock {
             let action = lock.withLock { () -> Checkpoints.Action in
                 cursors = [:]
-                return state.reopen(bad)
+                return state.reopen(ranges)
             }
             try perform(action, file: nil)
-            // Every slot's bytes are in the record now; slots that still cover a bad piece must not
-            // be taken back after a kill.
             let (mapped, epoch) = lock.withLock { (cursorFile, record.epoch ?? 0) }
             mapped?.reset(epoch: epoch)
         }
-        return false
     }
 }
 
@@ -135,15 +140,7 @@ extension FileDownload {
             onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching the \(ByteCount.format(bytes)) "
                 + "that \(url) sent from the other sources"))
         }
-        try ioLock.withLock {
-            let action = lock.withLock { () -> Checkpoints.Action in
-                cursors = [:]
-                return state.reopen(next.ranges)
-            }
-            try perform(action, file: nil)
-            let (mapped, epoch) = lock.withLock { (cursorFile, record.epoch ?? 0) }
-            mapped?.reset(epoch: epoch)
-        }
+        try cutOut(next.ranges)
         return false
     }
 }

@@ -246,7 +246,7 @@ extension FileDownload {
         var unresolved = 0
         var source = lock.withLock { state.sources.source(of: id) ?? 0 }
         var several = lock.withLock { state.sources.several }
-        var url = lock.withLock { source == 0 && !several ? resolvedURL : state.sources.url(source) }
+        var url = lock.withLock { state.sources.url(source) }
         let retireAfter = 3
         /// Goes on with source `to` (another mirror): its URL, its own redirects and failures.
         func move(to: Int) {
@@ -254,6 +254,12 @@ extension FileDownload {
             conditional = nil  // a finished file's validators are one source's
             url = lock.withLock { state.sources.url(to) }
             (redirects, ownFailures, triedOriginalAgain, unresolved) = (0, 0, false, 0)
+        }
+        /// Goes on with the best source with room; false when none has room (the connection leaves).
+        func moveOn() -> Bool {
+            guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return false }
+            move(to: to)
+            return true
         }
         // "Progress" is more bytes held than ever before in this run, on any connection, since this
         // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
@@ -268,10 +274,7 @@ extension FileDownload {
             // range is gone, and its cursor with it.
             if lock.withLock({ state.isStopped(id) }) { return .retired }
             // Its source was retired (by another connection, or a bad piece): another one, or leave.
-            if several, lock.withLock({ state.sources.isRetired(source) }) {
-                guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
-                move(to: to)
-            }
+            if several, lock.withLock({ state.sources.isRetired(source) }), !moveOn() { return .retired }
             var (validators, total) = lock.withLock { (record.validators(of: source), record.totalLength) }
             // Bytes held from an earlier run are confirmed first, by a source that can (its strong
             // validator in If-Range); one that never answered could send another version's bytes.
@@ -328,8 +331,7 @@ extension FileDownload {
                 // This source's answer is not this file (another length, no ranges, other
                 // validators): retired, and the range goes on from another source.
                 if let notice = lock.withLock({ state.reject(source, why: rejected.reason) }) { onEvent(.notice(notice)) }
-                guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
-                move(to: to)
+                guard moveOn() else { return .retired }
                 continue
             } catch is StopReading {
                 // The head said all there is to know (an unchanged file sent again, or a range
@@ -393,8 +395,7 @@ extension FileDownload {
                 // One mirror's file is not the others' (changed, another length): it goes, not the bytes.
                 if several, let notice = lock.withLock({ state.reject(source, why: why) }) {
                     onEvent(.notice(notice))
-                    guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
-                    move(to: to)
+                    guard moveOn() else { return .retired }
                     continue
                 }
                 throw RepresentationChanged(reason: why)
@@ -404,10 +405,8 @@ extension FileDownload {
                     throw PickupError.server(status: nil, "more than \(options.maxRedirects) redirects")
                 }
                 url = try resolveRedirect(location, from: url)
-                lock.withLock {
-                    if id == 0 && source == 0 { resolvedURL = url }
-                    if several { state.onSources { $0.redirected(source, to: url) } }
-                }
+                // Further requests to this source start there (one source: the first connection's say).
+                if several || id == 0 { lock.withLock { state.onSources { $0.redirected(source, to: url) } } }
                 continue
             case .retry(let after, let why)?:
                 failure = why
@@ -422,8 +421,7 @@ extension FileDownload {
                 }
                 if several, let notice = lock.withLock({ state.onSources { $0.retire(source, why: why) } }) {
                     onEvent(.notice(notice))
-                    guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return .retired }
-                    move(to: to)
+                    guard moveOn() else { return .retired }
                     continue
                 }
                 if retire(id, because: why) { return .retired }

@@ -45,8 +45,8 @@ final class FileDownload: @unchecked Sendable {
     var cursorFile: CursorFile?
     /// The range of every segment being (or last) written, by segment index.
     var cursors: [Int: SegmentCursor] = [:]
-    /// The URL after redirects, which further connections start from.
-    var resolvedURL: String
+    /// The URL given after redirects (``SourceSet`` keeps where each source leads). With `lock` held.
+    var resolvedURL: String { state.sources.url(0) }
     /// Told when the first response allows more connections.
     var moreConnections: AsyncStream<Void>.Continuation?
     var unchanged: (FilePath, CompletionRecord)?
@@ -104,7 +104,6 @@ final class FileDownload: @unchecked Sendable {
         jar = request.options.cookies
         state = RunState(record: Self.emptyRecord(url: request.url), minSplit: options.minSplitSize,
                          sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections))
-        resolvedURL = request.url
     }
 
     /// The cursor file's name beside the control file `control`.

@@ -351,9 +351,12 @@ struct RunState {
         lastSeen = [:]
         keeper = nil
         scheduler = nil
+        // Every source's validators, rejections and writes were about the bytes discarded now.
         return checkpoints.restarted { r in
-            reset(&r)
+            r.validators = nil
+            for i in (r.mirrors ?? []).indices { r.mirrors![i] = SourceRecord(url: r.mirrors![i].url) }
             r.writers = nil
+            reset(&r)
         }
     }
 

@@ -65,7 +65,6 @@ struct SourceSet: Equatable {
         sources = urls.filter { seen.insert($0).inserted }.map { Source(url: $0, resolved: $0, cap: max(1, connections)) }
     }
 
-    var count: Int { sources.count }
     /// More than one source: every source is its own server.
     var several: Bool { sources.count > 1 }
     var live: [Int] { sources.indices.filter { sources[$0].retired == nil } }
@@ -99,9 +98,9 @@ struct SourceSet: Equatable {
 
     /// Binds `connection` to ``pick(avoiding:)``; nil (and unbound) when no source has room.
     @discardableResult
-    mutating func bind(_ connection: Int, avoiding: Int? = nil) -> Int? {
+    mutating func bind(_ connection: Int) -> Int? {
         unbind(connection)
-        guard let best = pick(avoiding: avoiding) else { return nil }
+        guard let best = pick() else { return nil }
         bind(connection, to: best)
         return best
     }
@@ -153,12 +152,16 @@ struct SourceSet: Equatable {
             return failed(source, connection: connection, why: why)
         }
         sources[source].cap = others
-        if let to = pick(avoiding: source) {
-            bind(connection, to: to)
-            return (.moveTo(to), nil)
-        }
+        if let away = elsewhere(connection, from: source) { return (away, nil) }
         unbind(connection)
         return (.leave, nil)
+    }
+
+    /// `connection` moves to the best other source than `source` with room, if there is one.
+    private mutating func elsewhere(_ connection: Int, from source: Int) -> Next? {
+        guard let to = pick(avoiding: source) else { return nil }
+        bind(connection, to: to)
+        return .moveTo(to)
     }
 
     /// What to say of `source`'s cap (after a busy answer lowered it).
@@ -177,11 +180,7 @@ struct SourceSet: Equatable {
             return (bind(connection).map { .moveTo($0) } ?? .leave, notice)
         }
         // Another source with room takes the retry at once; this one may recover meanwhile.
-        if let to = pick(avoiding: source) {
-            bind(connection, to: to)
-            return (.moveTo(to), nil)
-        }
-        return (.retry, nil)
+        return (elsewhere(connection, from: source) ?? .retry, nil)
     }
 
     /// Whether `source`'s bytes may be refused for another source's: another live one has
