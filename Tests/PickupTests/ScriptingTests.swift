@@ -68,9 +68,7 @@ func jsonObjects(_ text: String) throws -> [[String: Any]] {
         let log = scripts.file("log")
         let hook = writeHook(in: scripts, log: log, status: 1)
         let out = dir.file("j.bin")
-        var hasher = AnyHasher(.sha256)
-        body.withUnsafeBytes { hasher.update($0) }
-        let sha = Hex.encode(hasher.finalize())
+        let sha = MetalinkCLITests.sha256(body)
         let args = ["get", server.url("/j.bin"), "-o", out.string, "-q", "--json", "--on-complete", hook.string,
                     "--on-error", hook.string, "--checksum", "sha-256=\(sha)"]
         let first = try CLI.capture(args, state: state.path)

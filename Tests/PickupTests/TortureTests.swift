@@ -18,8 +18,9 @@ import TestServer
 /// in absolute form or through a CONNECT tunnel (`--proxytunnel`: the test server's port is added
 /// to Squid's SSL_ports), sometimes gives two mirrors besides the URL (each with its own
 /// validators and a cap of 1 to 3 connections, one sometimes cutting responses short, sometimes a
-/// dead one, first or last; a change changes them all; or, with the file's hash given, one serving
-/// other bytes of the same length), sometimes fetches the file over FTP from pyftpdlib (sometimes from one of
+/// dead one, first or last; a change changes them all; or, with the file's hash given by
+/// `--checksum` or by a Metalink document with piece hashes, one serving other bytes of the same
+/// length), sometimes fetches the file over FTP from pyftpdlib (sometimes from one of
 /// its own that refuses sessions past 2 to 4 with 421 and cuts every transfer after some hundred
 /// KiB, or refuses REST) or over FTPS from vsftpd (when installed, and root for vsftpd: the
 /// validator is SIZE and MDTM, a change rewrites the file with a later time); then runs to the
@@ -139,7 +140,7 @@ struct TortureTests {
         // Mirrors come from a stream of their own, so that the fixed seeds replay as they were found.
         var side = SplitMix(state: seed ^ 0x6D69_7272_6F72_73)
         func pickSide(_ n: Int) -> Int { Int(side.next() % UInt64(n)) }
-        let behaviour: Behaviour = switch pick(8) {
+        let picked: Behaviour = switch pick(8) {
         case 0 where kind == .strongETag: .loadBalanced
         case 1: .slowFirstByte
         case 2 where servers.squid != nil: .throughSquid
@@ -148,6 +149,8 @@ struct TortureTests {
         case 5 where servers.ftps != nil: .overFTPS
         default: kind != .none && !seedsBeforeMirrors.contains(seed) && pickSide(2) == 0 ? .mirrors : .plain
         }
+        // The first two fixed seeds were found over plain HTTP, before other servers were explored.
+        let behaviour = seedsBeforeMirrors.prefix(2).contains(seed) ? .plain : picked
         let overFTP = behaviour == .overFTP || behaviour == .overFlakyFTP || behaviour == .overFTPS
         let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
         // Only the trials of one behaviour (to look into one server closely).
@@ -183,6 +186,10 @@ struct TortureTests {
         // Sometimes the second mirror serves other bytes of the same length; the file's hash is
         // given (--checksum) and must find it out, across kills (no change then: one hash).
         let badMirror = behaviour == .mirrors && changeBefore == nil && pickSide(3) == 0
+        // Half of those get the hashes from a Metalink document instead: piece hashes, checked
+        // as the file completes, and the whole-file hash (a batch of one, run by `--metalink`).
+        let viaMetalink = badMirror && !fixedSeeds.contains(seed) && pickSide(2) == 0
+        if badMirror { stats.behaviour(viaMetalink ? "(of which a bad mirror, Metalink)" : "(of which a bad mirror, --checksum)") }
         func mirror(_ i: Int, version: Int) -> Resource {
             var r = resource(version: version)
             if badMirror && i == 1 { r.body = Resource.bytes(count: size, seed: seed &+ 1000) }
@@ -211,9 +218,12 @@ struct TortureTests {
         // connection; cuts as well would never let a transfer end).
         let flaky = behaviour == .overFlakyFTP
             ? try FTPServerProcess(root: servers.ftpRoot.path.string, bytesPerSecond: 1 << 20, faults: {
+                // Drawn in the order they were first drawn in (so that printed seeds replay); the
+                // refusal of REST, added later, from the side stream.
+                let dropAfter = 300_000 + pick(700_000)
                 let maxSessions = 2 + pick(3)
-                if pick(4) == 0 { return .init(refuseREST: true, maxSessions: maxSessions) }
-                return .init(dropAfter: 300_000 + pick(700_000), drops: 1 << 30, maxSessions: maxSessions)
+                if pickSide(4) == 0 { return .init(refuseREST: true, maxSessions: maxSessions) }
+                return .init(dropAfter: dropAfter, drops: 1 << 30, maxSessions: maxSessions)
             }())
             : nil
         defer { flaky?.stop() }
@@ -233,7 +243,21 @@ struct TortureTests {
         if deadMirror > 0 { urls.insert("http://127.0.0.1:1/dead.bin", at: deadMirror == 2 ? 0 : urls.count) }
         var args = ["get"] + urls + ["-o", out.string, "-x", "\(connections)", "--retries", "20"] + (debugging ? [] : ["--quiet"])
         if behaviour == .slowFirstByte { args += ["--stall-timeout", "0.25"] }
-        if badMirror { args += ["--checksum", "sha-256=" + MetalinkCLITests.sha256(resource(version: 1).body)] }
+        let docs = TempDir()
+        if viaMetalink {
+            let body = resource(version: 1).body
+            let pieceLength = 1 << 18
+            let pieces = MirrorTests.pieces(body, length: pieceLength).hashes.map { "<hash>\(Hex.encode($0))</hash>" }.joined()
+            docs.write("f.meta4", MetalinkTests.document(files: """
+                  <file name="f.bin"><size>\(size)</size><hash type="sha-256">\(MetalinkCLITests.sha256(body))</hash>
+                    <pieces length="\(pieceLength)" type="sha-256">\(pieces)</pieces>
+                    \(urls.enumerated().map { "<url priority=\"\($0.offset + 1)\">\($0.element)</url>" }.joined())</file>
+                """))
+            args = ["get", "--metalink", docs.file("f.meta4").string, "-d", dir.path.string, "-x", "\(connections)", "--retries", "20"]
+                + (debugging ? [] : ["--quiet"])
+        } else if badMirror {
+            args += ["--checksum", "sha-256=" + MetalinkCLITests.sha256(resource(version: 1).body)]
+        }
         if behaviour == .throughSquid, let squid = servers.squid { args += ["--proxy", squid] }
         if behaviour == .tunnelThroughSquid, let squid = servers.squid { args += ["--proxy", squid, "--proxytunnel"] }
         if behaviour == .overFTPS, let (_, cert) = servers.ftps { args += ["--ca-certificate", cert] }
