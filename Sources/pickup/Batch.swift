@@ -13,6 +13,8 @@ struct Batch {
     /// `--metalink`: the file is a Metalink 4 document, each of its files an entry (its URLs by
     /// priority as mirrors, its strongest hash as the checksum, its piece hashes).
     var metalink = false
+    /// The Metalink document `inputFile` (then a URL) answered with: its files are the batch.
+    var document: Metalink? = nil
 
     /// A Metalink document's files as list entries: named as it names them (sanitized), from
     /// all their URLs (the first by priority is the primary), verified piece by piece and with
@@ -31,8 +33,10 @@ struct Batch {
             display.line("pickup: \(message)")
             return ExitCode(code)
         }
-        let list: InputList
-        if metalink {
+        var list: InputList
+        if let document {
+            list = Self.entries(document)
+        } else if metalink {
             // Read with a bound: a Metalink file over its limit is refused, not read whole.
             guard let handle = FileHandle(forReadingAtPath: inputFile) else {
                 throw fail("cannot read the Metalink file \(inputFile)", Exit.usage)
@@ -62,10 +66,22 @@ struct Batch {
         if list.entries.isEmpty { throw fail("\(inputFile) lists no URL", Exit.usage) }
 
         let cwd = FilePath(FileManager.default.currentDirectoryPath)
-        let outDir = cwd.pushing(FilePath(get.dir ?? ".")).lexicallyNormalized()
-        let listPath = cwd.pushing(FilePath(inputFile)).lexicallyNormalized()
+        var outDir = cwd.pushing(FilePath(get.dir ?? ".")).lexicallyNormalized()
+        if document != nil, let output = get.output {
+            // `-o` names the one file the URL's document describes (with its checksum, if given).
+            guard list.entries.count == 1 else {
+                throw fail("\(DownloadURL.redacted(inputFile)) answered with a Metalink document of \(list.entries.count) files: "
+                    + "use -d DIR instead of -o", Exit.usage)
+            }
+            let path = cwd.pushing(FilePath(output)).lexicallyNormalized()
+            outDir = path.removingLastComponent()
+            list.entries[0].name = path.lastComponent?.string
+            if let given = get.checksum.flatMap(ExpectedDigest.init(checksumArgument:)) { list.entries[0].checksum = given }
+        }
+        // A list is named by its path, a URL's document by the URL.
+        let listKey = document != nil ? inputFile : cwd.pushing(FilePath(inputFile)).lexicallyNormalized().string
         var config = DownloadManager.Configuration(
-            stateDirectory: StateDirectory.default.appending("batches").appending(Self.key(listPath.string + "\n" + outDir.string)))
+            stateDirectory: StateDirectory.default.appending("batches").appending(Self.key(listKey + "\n" + outDir.string)))
         (config.engine, config.transport) = get.engine.settings()
         config.engine.stateDirectory = StateDirectory.default  // completion records shared with single downloads
         config.maxConcurrentDownloads = get.jobs

@@ -56,6 +56,11 @@ struct Get: AsyncParsableCommand {
         valueName: "rate"))
     var limitRate: String?
 
+    @Flag(inversion: .prefixedNo, help: ArgumentHelp(
+        "When the URL answers with a Metalink document (Content-Type: application/metalink4+xml), download the files it "
+            + "describes (into -d, or the one file to -o) instead of saving the document."))
+    var followMetalink = true
+
     @Flag(help: "Discard any partial download and start from zero.")
     var restart = false
 
@@ -106,11 +111,12 @@ struct Get: AsyncParsableCommand {
         guard let url else { return try await Batch(get: self, inputFile: inputFile ?? "").run() }
         let destination: Destination =
             output.map { .file(FilePath($0)) } ?? .directory(FilePath(dir ?? "."))
-        let request = DownloadRequest(
+        var request = DownloadRequest(
             url: url, destination: destination, checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)),
             overwrite: overwrite, restart: restart,
             limiters: limitRate.flatMap(Self.rate).map { [RateLimiter(bytesPerSecond: $0)] } ?? [],
             options: try http.options(for: url), mirrors: Array(urls.dropFirst()))
+        request.followMetalink = followMetalink
         let (options, transport) = engine.settings()
         let downloader = Downloader(options: options, transport: transport)
         let display = ProgressDisplay(quiet: quiet)
@@ -127,6 +133,14 @@ struct Get: AsyncParsableCommand {
         await downloader.shutdown()
         display.clear()
         switch result {
+        case .success(let r) where r.outcome == .metalink:
+            guard let document = r.metalink else { throw ExitCode(Exit.failure) }
+            if signals.received != nil { throw ExitCode(signals.received == SIGTERM ? Exit.terminated : Exit.interrupted) }
+            if !quiet {
+                display.line("pickup: \(DownloadURL.redacted(url)) is a Metalink document describing \(document.files.count) "
+                    + "file\(document.files.count == 1 ? "" : "s"); downloading \(document.files.count == 1 ? "it" : "them")")
+            }
+            return try await Batch(get: self, inputFile: url, document: document).run()
         case .success(let r):
             display.finished(r)
             if json {

@@ -76,6 +76,8 @@ final class ProgressDisplay: @unchecked Sendable {
         switch r.outcome {
         case .unchanged:
             line("\(r.path) is already downloaded (\(ByteCount.format(r.size)))")
+        case .metalink:
+            break  // (its files are a batch, which speaks for itself)
         case .downloaded:
             let speed = r.elapsed > 0 ? Double(r.bytesTransferred) / r.elapsed : 0
             var text = "saved \(r.path) (\(ByteCount.format(r.size))) in \(String(format: "%.1f", r.elapsed)) s, \(ByteCount.format(Int64(speed)))/s average"

@@ -62,15 +62,19 @@ enum CLI {
     }
 
     /// Starts `pickup` with `args`, waits (bounded) until `condition` holds or it ends, then
-    /// SIGKILLs it; returns whether the kill ended it. Holds no thread of Swift's cooperative pool.
-    static func startAndKill(_ args: [String], state: FilePath, when condition: () -> Bool) async throws -> Bool {
-        let p = try start(args, state: state)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        let reached = await eventually { condition() || !p.isRunning }
-        kill(p.processIdentifier, SIGKILL)
-        _ = await eventually { !p.isRunning }
-        p.waitUntilExit()
-        return reached && p.terminationReason == .uncaughtSignal
+    /// SIGKILLs it; returns whether the kill ended it. The wait and the kill run on a Dispatch
+    /// thread: on two loaded cores Swift's cooperative pool can be busy for seconds with the rest of
+    /// the suite, long enough for the process to finish before a poll there sees the moment.
+    static func startAndKill(_ args: [String], state: FilePath, when condition: @escaping @Sendable () -> Bool) async throws -> Bool {
+        try await offPool {
+            let p = try start(args, state: state)
+            defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+            let reached = waitFor { condition() || !p.isRunning }
+            kill(p.processIdentifier, SIGKILL)
+            _ = waitFor { !p.isRunning }
+            p.waitUntilExit()
+            return reached && p.terminationReason == .uncaughtSignal
+        }
     }
 
     /// Waits (bounded) until `condition` holds, polling, without holding a thread of Swift's

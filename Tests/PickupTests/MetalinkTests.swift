@@ -177,6 +177,42 @@ import TestServer
 }
 
 /// `pickup get --metalink FILE`: each file named and verified as the document says.
+/// A URL that answers with a Metalink document (`Content-Type: application/metalink4+xml`).
+@Suite struct MetalinkAnswerTests {
+    static func documentResource(_ document: [UInt8]) -> Resource {
+        var r = Resource(body: document, etag: "\"doc\"")
+        r.headers["Content-Type"] = "Application/Metalink4+XML; charset=utf-8"
+        return r
+    }
+
+    @Test func theDocumentIsReadNotSavedWhenFollowed() async throws {
+        let f = try await Fixture(connections: 2)
+        let document = MetalinkTests.document(files: """
+              <file name="image.bin"><size>5</size><url>\(f.server.url("/image.bin"))</url></file>
+            """)
+        f.server.set("/get/image", Self.documentResource(document))
+        var request = DownloadRequest(url: f.server.url("/get/image"), destination: .directory(f.dir.path))
+        request.followMetalink = true
+        let result = try await f.downloader.download(request)
+        #expect(result.outcome == .metalink)
+        #expect(result.metalink?.files.map(\.name) == ["image.bin"])
+        #expect(f.dir.entries.isEmpty, "\(f.dir.entries)")
+        // Not followed: the document is a file like any other.
+        request.followMetalink = false
+        let saved = try await f.downloader.download(request)
+        #expect(saved.outcome == .downloaded)
+        let same = f.dir.read("image") == document
+        #expect(same, "the saved document differs")
+        // Over the bound: refused in words, nothing kept.
+        f.server.set("/big", Self.documentResource([UInt8](repeating: 32, count: Metalink.maxBytes + 1)))
+        request.url = f.server.url("/big")
+        request.followMetalink = true
+        await #expect(throws: PickupError.self) { try await f.downloader.download(request) }
+        #expect(!f.dir.entries.contains { $0.hasPrefix("big") }, "\(f.dir.entries)")
+        await f.close()
+    }
+}
+
 @Suite(.serialized) struct MetalinkCLITests {
     static func sha256(_ bytes: [UInt8]) -> String {
         var hasher = AnyHasher(.sha256)
@@ -227,6 +263,48 @@ import TestServer
         #expect(malformed.status == 2 && malformed.err.contains("Metalink"), "\(malformed.err)")
         #expect(malformed.err.split(separator: "\n").count == 1, "\(malformed.err)")
         #expect(try CLI.run(["get", "--metalink", docs.file("ok.meta4").string, "-o", "x"], state: state.path) == 2)
+        await server.stop()
+    }
+
+    @Test func aURLThatAnswersWithAMetalinkDocumentDownloadsItsFiles() async throws {
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
+        let a = Resource.bytes(count: 4 << 20, seed: 83)
+        server.set("/m/a.bin", MirrorTests.mirror(a, etag: "\"a\"", cap: 1, rate: 2 << 20))
+        server.set("/m/a2.bin", MirrorTests.mirror(a, etag: "\"a2\"", cap: 1, rate: 2 << 20))
+        let document = MetalinkTests.document(files: """
+              <file name="image.bin"><size>\(a.count)</size><hash type="sha-256">\(Self.sha256(a))</hash>
+                <url priority="1">\(server.url("/m/a.bin"))</url><url priority="2">\(server.url("/m/a2.bin"))</url></file>
+            """)
+        server.set("/get/image", MetalinkAnswerTests.documentResource(document))
+        let url = server.url("/get/image")
+        // Into -d: named as the document says, from its mirrors; the document itself is not kept.
+        let named = try await CLI.offPool { try CLI.capture(["get", url, "-d", dir.path.string, "-x", "2"], state: state.path) }
+        #expect(named.status == 0, "\(named.err)")
+        #expect(named.err.contains("is a Metalink document describing 1 file"), "\(named.err)")
+        let same = dir.read("image.bin") == a
+        #expect(same, "image.bin differs")
+        #expect(dir.entries == ["image.bin"], "\(dir.entries)")
+        #expect(!server.requests("/m/a2.bin").isEmpty, "the second mirror was not asked")
+        // -o names the one file.
+        let output = try await CLI.offPool { try CLI.capture(["get", url, "-o", dir.file("mine.bin").string, "-q"], state: state.path) }
+        #expect(output.status == 0, "\(output.err)")
+        let mine = dir.read("mine.bin") == a
+        #expect(mine, "mine.bin differs")
+        // Not followed: the document is saved as it is.
+        let kept = try await CLI.offPool {
+            try CLI.capture(["get", url, "-o", dir.file("doc.meta4").string, "-q", "--no-follow-metalink"], state: state.path)
+        }
+        #expect(kept.status == 0, "\(kept.err)")
+        let doc = dir.read("doc.meta4") == document
+        #expect(doc, "the saved document differs")
+        // A document of two files cannot go to one -o: a usage error in one line, nothing written.
+        server.set("/get/two", MetalinkAnswerTests.documentResource(MetalinkTests.document(files: """
+              <file name="x.bin"><url>\(server.url("/m/a.bin"))</url></file><file name="y.bin"><url>\(server.url("/m/a.bin"))</url></file>
+            """)))
+        let two = try await CLI.offPool { try CLI.capture(["get", server.url("/get/two"), "-o", dir.file("z.bin").string], state: state.path) }
+        #expect(two.status == 2 && two.err.contains("use -d"), "\(two.err)")
+        #expect(!dir.entries.contains { $0.hasPrefix("z.bin") || $0.hasPrefix("x.bin") }, "\(dir.entries)")
         await server.stop()
     }
 }

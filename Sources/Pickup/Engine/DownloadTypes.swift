@@ -42,6 +42,11 @@ public struct DownloadRequest: Sendable {
     /// Piece hashes (from a Metalink file): each piece is checked once every byte is held, and a
     /// bad one is fetched again from another source.
     public var pieces: Metalink.Pieces?
+    /// When the URL answers with a Metalink document (`Content-Type: application/metalink4+xml`)
+    /// on a download that holds nothing yet, the document is read (bounded, never saved) and the
+    /// download ends with ``DownloadOutcome/metalink`` and ``DownloadResult/metalink``, for the
+    /// caller to download the files it describes. Off: the document is saved like any file.
+    public var followMetalink = false
 
     /// A request.
     public init(
@@ -107,6 +112,9 @@ public enum DownloadOutcome: Sendable, Equatable {
     case downloaded
     /// A previous download is at the target and the server says it has not changed.
     case unchanged
+    /// The URL answered with a Metalink document (``DownloadRequest/followMetalink``): nothing
+    /// was written; the document is ``DownloadResult/metalink``.
+    case metalink
 }
 
 /// The result of a download.
@@ -125,6 +133,8 @@ public struct DownloadResult: Sendable {
     public var elapsed: Double
     /// The digest the file was verified against (`--checksum`, or one the server announced), if any.
     public var digest: ExpectedDigest? = nil
+    /// The Metalink document the URL answered with (outcome ``DownloadOutcome/metalink``).
+    public var metalink: Metalink? = nil
 }
 
 /// Progress of a running download.

@@ -327,6 +327,8 @@ extension FileDownload {
                 try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience), into: sink)
             } catch is RangeComplete {
                 return .done
+            } catch is MetalinkAnswer {
+                throw MetalinkFollowed(metalink: try await readMetalink(at: url))
             } catch let rejected as SourceRejected {
                 // This source's answer is not this file (another length, no ranges, other
                 // validators): retired, and the range goes on from another source.
@@ -435,9 +437,14 @@ extension FileDownload {
             // is left for another with room, and one that keeps failing is retired.
             // (Until the held bytes are confirmed, the source that can confirm them is retried in place.)
             if several, failuresInRow <= options.retry.maxAttemptsWithoutProgress, lock.withLock({ state.heldConfirmed }) {
+                // One that asks for a longer wait than we give is not waited for while others serve.
+                let tooLong = retryAfter.map { Double($0) > options.retry.maxRetryAfter } ?? false
                 let (next, notice) = lock.withLock { () -> (SourceSet.Next, String?) in
                     let others = state.activeConnections > 1
                     return state.onSources { s in
+                        if tooLong, let notice = s.retire(source, why: "\(failure); it asks to retry after \(retryAfter ?? 0) s") {
+                            return (s.bind(id).map { .moveTo($0) } ?? .leave, notice)
+                        }
                         guard busy else { return s.failed(source, connection: id, why: failure) }
                         // A busy answer says how many it takes: said once per change, not per connection.
                         let cap = s.sources[source].cap

@@ -176,6 +176,15 @@ final class FileDownload: @unchecked Sendable {
                                   bytesTransferred: transferred.load(ordering: .relaxed),
                                   resumedFrom: lock.withLock { state.keptFromStart },
                                   elapsed: Clock.monotonic() - started, digest: digest)
+        } catch let followed as MetalinkFollowed {
+            // Nothing was written: no partial file stays, and the caller downloads what it describes.
+            stopMonitoring()
+            try await BlockingIO.run {
+                self.discardPartialIfEmpty()
+                self.end(file)
+            }
+            return DownloadResult(outcome: .metalink, path: partialPath.removingLastComponent(), size: 0, bytesTransferred: 0,
+                                  resumedFrom: 0, elapsed: Clock.monotonic() - started, metalink: followed.metalink)
         } catch {
             stopMonitoring()
             // Runs even when the task is cancelled (the pool does not look at cancellation).

@@ -47,6 +47,8 @@ struct SourceSet: Equatable {
         var rate: Double?
         /// Whether it has sent a byte of the file in this run.
         var delivered = false
+        /// Whether it turned a lone connection away (busy) since it last delivered bytes.
+        var turnedAway = false
         /// Why it takes no more requests (nil: live).
         var retired: String?
     }
@@ -123,6 +125,7 @@ struct SourceSet: Equatable {
     mutating func measured(_ source: Int, bytes: Int64, seconds: Double) {
         guard bytes > 0 else { return }
         sources[source].failures = 0
+        sources[source].turnedAway = false
         sources[source].delivered = true
         guard seconds > 0.05 else { return }
         let r = Double(bytes) / seconds
@@ -142,13 +145,20 @@ struct SourceSet: Equatable {
     /// `source` takes no more connections (a 503, a 429, FTP's 421): its cap is what it had
     /// without `connection`, which moves to another source with room, or leaves when others are
     /// fetching. Alone on its source, it waits and retries.
-    /// The notice when the cap went down is ``capNotice(_:)``. Alone on its source and still
-    /// turned away, the connection has failed like any other (counted, so that two sources that
-    /// keep refusing cannot pass it back and forth without end): ``failed(_:connection:why:)``.
+    /// The notice when the cap went down is ``capNotice(_:)``. Alone on its source, the connection
+    /// waits and asks again (a busy server is alive: it may still count a killed run's connections,
+    /// or be full for a moment); still turned away, it has failed like any other (counted, so that
+    /// two sources that keep refusing cannot pass it back and forth without end):
+    /// ``failed(_:connection:why:)``.
     mutating func busy(_ source: Int, connection: Int, othersFetching: Bool, why: String) -> (next: Next, retired: String?) {
         let others = sources[source].connections.subtracting([connection]).count
         guard others > 0 else {
             if !several { return (othersFetching ? .leave : .retry, nil) }
+            // (Bound meanwhile, the waiting connection keeps the others from asking it too.)
+            if !sources[source].turnedAway {
+                sources[source].turnedAway = true
+                return (.retry, nil)
+            }
             return failed(source, connection: connection, why: why)
         }
         sources[source].cap = others
@@ -225,6 +235,7 @@ struct SourceSet: Equatable {
             sources[i].connections = []
             sources[i].cap = max(1, connections)
             sources[i].failures = 0
+            sources[i].turnedAway = false
         }
     }
 }

@@ -1,0 +1,68 @@
+import Foundation
+
+/// Thrown by the sink when the URL answers a download that holds nothing with a Metalink document
+/// (``DownloadRequest/followMetalink``): the body is not file content.
+struct MetalinkAnswer: SinkError {}
+
+/// The Metalink document the URL answered with, read and parsed: the run ends with it.
+struct MetalinkFollowed: Error {
+    let metalink: Metalink
+}
+
+/// A small document read whole into memory, at most `limit` bytes (more is refused, not read).
+/// The transport calls it from one thread at a time, in order; it is read after `fetch` returns.
+final class DocumentSink: ResponseSink, @unchecked Sendable {
+    struct TooLarge: SinkError {}
+    let limit: Int
+    private(set) var head: ResponseHead?
+    private(set) var bytes: [UInt8] = []
+
+    init(limit: Int) { self.limit = limit }
+
+    func receiveHead(_ head: ResponseHead) throws { self.head = head }
+
+    func receiveBody(_ chunk: UnsafeRawBufferPointer) throws -> Double {
+        guard bytes.count + chunk.count <= limit else { throw TooLarge() }
+        bytes.append(contentsOf: chunk)
+        return 0
+    }
+}
+
+extension FileDownload {
+    /// Whether `head` answers the first request of a download that holds nothing with a Metalink
+    /// document that this request follows. With `lock` not held.
+    func answersWithMetalink(_ head: ResponseHead, source: Int) -> Bool {
+        guard request.followMetalink, source == 0, Self.isMetalink(head) else { return false }
+        return lock.withLock { heldBytes() == 0 }
+    }
+
+    /// `Content-Type: application/metalink4+xml` (parameters and case aside).
+    static func isMetalink(_ head: ResponseHead) -> Bool {
+        guard let type = head["Content-Type"] else { return false }
+        let media = type.split(separator: ";", maxSplits: 1).first.map(String.init) ?? ""
+        return media.trimmingCharacters(in: .whitespaces).lowercased() == Metalink.mediaType
+    }
+
+    /// Reads the Metalink document at `url` (where the answer came from) into memory, bounded by
+    /// ``Metalink/maxBytes``, and parses it. The body of the answer that named it was not read
+    /// (a range of it may have been asked for), so it is asked for again, whole.
+    func readMetalink(at url: String) async throws -> Metalink {
+        let sink = DocumentSink(limit: Metalink.maxBytes)
+        let named = "the Metalink document \(DownloadURL.redacted(url))"
+        do {
+            try await transport.fetch(FetchRequest(url: url, headers: userFields(for: url)), into: sink)
+        } catch is DocumentSink.TooLarge {
+            throw PickupError.server(status: nil, "\(named) is over \(Metalink.maxBytes >> 20) MiB")
+        } catch let e as TransportError {
+            throw e.failure
+        }
+        guard let head = sink.head, head.status == 200, Self.isMetalink(head) else {
+            throw PickupError.server(status: sink.head?.status, "\(named) answered \(sink.head?.status ?? 0) when asked again, not the document")
+        }
+        do {
+            return try Metalink.parse(sink.bytes)
+        } catch {
+            throw PickupError.server(status: nil, "\(named) cannot be used: \(error.description)")
+        }
+    }
+}
