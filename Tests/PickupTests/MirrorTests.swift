@@ -149,6 +149,25 @@ import PickupDaemon
         await f.close()
     }
 
+    @Test func piecesAreCheckedAsTheyCompleteAndABadMirrorGoesBeforeTheEnd() async throws {
+        // Slow enough (2 MiB/s in all) that checkpoints, and the checks after them, come mid-way.
+        let f = try await Fixture(connections: 4)
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 512 << 10))
+        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 8), etag: "\"x\"", cap: 2, rate: 512 << 10))
+        _ = try await download(f, ["/a", "/bad"].map(f.server.url), pieces: Self.pieces(body, length: 128 * 1024))
+        Self.expectFile(f, is: body)
+        let notices = f.events.notices
+        let early = notices.firstIndex { $0.contains("failed their sha-256 hash") && $0.contains("once the rest is here") }
+        let retired = notices.firstIndex { $0.contains("mirror \(f.server.url("/bad")) retired") }
+        #expect(early != nil && retired != nil, "\(notices)")
+        // Its connections stopped there (without the checks as pieces complete, its two ranges ran to their end).
+        #expect(f.server.bytesSent("/bad") < body.count / 2, "\(f.server.bytesSent("/bad"))")
+        // Named while the rest was coming in: before the first round's end said anything.
+        let end = notices.firstIndex { $0.contains("fetching them again") && !$0.contains("once the rest") || $0.contains("fetching again the") }
+        #expect(retired.map { r in end.map { r < $0 } ?? true } == true, "\(notices)")
+        await f.close()
+    }
+
     @Test func withOnlyAWholeFileHashTheBadMirrorIsFoundByRefetchingSharesNotTheFile() async throws {
         let f = try await Fixture(connections: 6)
         f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2))
@@ -335,6 +354,12 @@ import PickupDaemon
         u.measured(0, bytes: 10, seconds: 1)
         let again = u.busy(1, connection: 1, othersFetching: true, why: "503")
         #expect(again.next == .moveTo(0) && again.retired != nil)
+        // The endgame: a range stalled on one source is taken over from another with room.
+        var e = SourceSet(urls: ["a", "b"], connections: 4)
+        e.bind(0, to: 0)
+        e.bind(1, to: 0)
+        #expect(e.takeOver(1, from: 0) == 1 && e.source(of: 1) == 1)
+        #expect(e.takeOver(1, from: 0) == nil, "already on another source")
         // A source that sent bad pieces is avoided while a clean one has room.
         var t = SourceSet(urls: ["a", "b"], connections: 2)
         _ = t.badPiece(0)

@@ -39,8 +39,8 @@ public struct DownloadRequest: Sendable {
     /// (``checksum``, ``pieces``) their bytes are trusted as far as the length and each one's
     /// validators go.
     public var mirrors: [String]
-    /// Piece hashes (from a Metalink file): each piece is checked once every byte is held, and a
-    /// bad one is fetched again from another source.
+    /// Piece hashes (from a Metalink file): each piece is checked as it completes; a source that
+    /// sends bad ones is dropped, and a bad piece is fetched again from another source.
     public var pieces: Metalink.Pieces?
     /// When the URL answers with a Metalink document (`Content-Type: application/metalink4+xml`)
     /// on a download that holds nothing yet, the document is read (bounded, never saved) and the

@@ -30,13 +30,18 @@ extension FileDownload {
     func checkpointNow() throws {
         try ioLock.withLock {
             let (action, file) = lock.withLock { () -> (Checkpoints.Action, PartialFile?) in
-                let epoch = record.epoch
-                state.recordWriters(inFlight: inFlight.values.filter { $0.epoch == epoch }
-                    .map { ($0.from, $0.cursor.position.load(ordering: .relaxed), $0.source) })
+                state.recordWriters(inFlight: writing())
                 return (state.checkpoint(written: writtenByRange()), self.file)
             }
             try perform(action, file: file)
         }
+    }
+
+    /// What the attempts in flight have written so far (start, end, source), those of the bytes
+    /// held now only. With `lock` held.
+    func writing() -> [(start: Int64, end: Int64, source: Int)] {
+        let epoch = record.epoch
+        return inFlight.values.filter { $0.epoch == epoch }.map { ($0.from, $0.cursor.position.load(ordering: .relaxed), $0.source) }
     }
 
     /// Bytes written in each live range, by range index. With `lock` held.

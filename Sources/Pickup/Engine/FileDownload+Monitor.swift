@@ -55,6 +55,7 @@ extension FileDownload {
             if now - ticks.lastCheckpoint >= options.checkpointInterval {
                 ticks.lastCheckpoint = now
                 checkpointSoon()
+                if let pieces = request.pieces { checkPiecesSoon(pieces) }
             }
             let written = transferred.load(ordering: .relaxed)
             if written - ticks.writtenBehind >= Self.writeBehindBytes {
@@ -79,6 +80,17 @@ extension FileDownload {
                 if !self.lock.withLock({ self.state.ended }) { file.startWriteback() }
             }
             self.writeBehindQueued.store(false, ordering: .releasing)
+        }
+    }
+
+    /// Queues a check of the pieces completed since the last one (``checkCompletePieces(_:file:)``)
+    /// on the blocking-I/O pool unless one is queued or running.
+    func checkPiecesSoon(_ pieces: Metalink.Pieces) {
+        guard let file = lock.withLock({ file }),
+            !piecesQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        BlockingIO.submit {
+            self.ioLock.withLock { self.checkCompletePieces(pieces, file: file) }
+            self.piecesQueued.store(false, ordering: .releasing)
         }
     }
 

@@ -1,43 +1,130 @@
 import Foundation
 
 extension FileDownload {
-    /// Checks every piece against its hash (``DownloadRequest/pieces``) once every byte is held.
-    /// Returns true when all match. A bad piece is no longer held (``cutOut(_:)``) and the source
-    /// that wrote all of it (``RunState/soleWriter(of:_:)``) is counted: one that keeps sending bad
-    /// pieces is rejected and named, and the next round fetches the pieces from a clean source
-    /// where one has room. On the blocking-I/O pool, between rounds.
-    func verifyPieces(_ pieces: Metalink.Pieces, file: PartialFile) throws -> Bool {
-        try checkpointNow()
-        guard let total = lock.withLock({ record.totalLength }), total > 0, pieces.length > 0 else { return true }
+    /// The number of pieces of a file of `total` bytes, or nil when the hashes describe another
+    /// length (then pieces are not checked).
+    static func pieceCount(_ pieces: Metalink.Pieces, total: Int64) -> Int? {
+        guard total > 0, pieces.length > 0 else { return nil }
         let count = total / pieces.length + (total % pieces.length > 0 ? 1 : 0)
-        guard count == Int64(pieces.hashes.count) else {
-            onEvent(.notice("the piece hashes describe another length than the file's \(total) bytes; pieces are not checked"))
-            return true
+        return count == Int64(pieces.hashes.count) ? Int(count) : nil
+    }
+
+    /// Piece `k`'s bytes (no sum past the length: it may be near Int64.max).
+    static func piece(_ k: Int, of pieces: Metalink.Pieces, total: Int64) -> (start: Int64, end: Int64) {
+        let a = Int64(k) * pieces.length
+        return (a, a + min(pieces.length, total - a))
+    }
+
+    /// Checks the pieces whose every byte is durable and that were not checked yet, as the file
+    /// comes in: a good one is not read again at the end, a bad one is counted against the source
+    /// that sent it at once (two, and it is rejected: its connections go to the others) and is
+    /// fetched again after the round. Queued by the monitor after a checkpoint; on the
+    /// blocking-I/O pool, under `ioLock` (the file is not closed under it, and cut-outs wait).
+    func checkCompletePieces(_ pieces: Metalink.Pieces, file: PartialFile) {
+        let found = lock.withLock { () -> (todo: [Int], total: Int64, generation: Int)? in
+            guard !state.ended, let total = record.totalLength, Self.pieceCount(pieces, total: total) != nil else { return nil }
+            var todo: [Int] = []
+            for (a, b) in RunState.merged(record.segments.map { ($0.start, $0.start + $0.done) }) where b > a {
+                // The pieces wholly inside [a, b): from the first that starts there to the last that ends there.
+                let first = Int(a / pieces.length + (a % pieces.length > 0 ? 1 : 0))
+                let last = b == total ? Int((b - 1) / pieces.length) : Int(b / pieces.length) - 1
+                if first <= last {
+                    for k in first...last where !state.pieces.good.contains(k) && !state.pieces.bad.contains(k) { todo.append(k) }
+                }
+            }
+            return (todo, total, state.pieces.generation)
         }
+        guard let found, !found.todo.isEmpty else { return }
         var bad: [(start: Int64, end: Int64)] = []
-        for (k, expected) in pieces.hashes.enumerated() {
-            let a = Int64(k) * pieces.length
-            let b = a + min(pieces.length, total - a)  // (no sum past the length: it may be near Int64.max)
-            if try Self.digest(of: file, algorithm: pieces.algorithm, from: a, to: b) != expected { bad.append((a, b)) }
+        for k in found.todo {
+            let (a, b) = Self.piece(k, of: pieces, total: found.total)
+            // (A read that fails is left to the check at the end of the round, which says so.)
+            guard let digest = try? Self.digest(of: file, algorithm: pieces.algorithm, from: a, to: b) else { return }
+            let good = digest == pieces.hashes[k]
+            // A bad piece is settled once its source is known (an attempt still writing has not
+            // said yet); until then the next check reads it again.
+            let recorded = lock.withLock { () -> Bool? in
+                if !good, state.soleWriter(of: a, b, writing: writing()) == nil { return nil }
+                return state.checked(piece: k, good: good, generation: found.generation)
+            }
+            if recorded == false { return }
+            if recorded == true, !good { bad.append((a, b)) }
         }
-        if bad.isEmpty { return true }
-        let (blamed, notices) = lock.withLock { () -> ([String], [String]) in
+        if !bad.isEmpty { blame(bad, of: found.todo.count, pieces: pieces, after: "; fetching them again once the rest is here") }
+    }
+
+    /// Counts `bad` pieces against the sources that wrote all of each (``RunState/soleWriter(of:_:)``):
+    /// one that keeps sending bad pieces is rejected and named. Says so.
+    func blame(_ bad: [(start: Int64, end: Int64)], of count: Int, pieces: Metalink.Pieces, after: String) {
+        let (blamed, notices, known) = lock.withLock { () -> ([String], [String], Bool) in
             var blamed = Set<Int>(), notices: [String] = []
+            let writing = writing()
             for (a, b) in bad {
-                guard let s = state.soleWriter(of: a, b) else { continue }
+                guard let s = state.soleWriter(of: a, b, writing: writing) else { continue }
                 blamed.insert(s)
                 if state.onSources({ $0.badPiece(s) }),
                     let notice = state.reject(s, why: "\(state.sources.sources[s].badPieces) pieces it sent failed their hash")
                 {
                     notices.append(notice)
+                    stopWriting(from: s)
                 }
             }
-            return (blamed.sorted().map { DownloadURL.redacted(state.sources.sources[$0].url) }, notices)
+            // (Bad pieces that a source rejected already was still sending are not news.)
+            let known = !blamed.isEmpty && notices.isEmpty && blamed.allSatisfy { state.sources.isRetired($0) }
+            return (blamed.sorted().map { DownloadURL.redacted(state.sources.sources[$0].url) }, notices, known)
         }
         let from = blamed.isEmpty ? "" : " (sent by \(blamed.joined(separator: ", ")))"
-        onEvent(.notice("\(bad.count) of \(count) pieces failed their \(pieces.algorithm.rawValue) hash\(from); fetching them again"))
+        if !known { onEvent(.notice("\(bad.count) of \(count) pieces failed their \(pieces.algorithm.rawValue) hash\(from)\(after)")) }
         for notice in notices { onEvent(.notice(notice)) }
-        try cutOut(bad)
+    }
+
+    /// The ranges `source`'s connections are writing end where they are, and the rest goes back to
+    /// the scheduler for the other sources (a source rejected while it sends writes no more than
+    /// the chunk in hand). With `lock` held.
+    func stopWriting(from source: Int) {
+        let connections = state.sources.sources[source].connections
+        guard !connections.isEmpty else { return }
+        let positions = cursors.map { ($0.key, $0.value.written) }
+        let cut = state.ranges { s -> [(segment: Int, end: Int64)] in
+            for (i, written) in positions { s.report(i, done: written) }
+            return s.cut(owners: connections)
+        } ?? []
+        for (i, end) in cut { cursors[i]?.end.store(end, ordering: .relaxed) }
+    }
+
+    /// Checks every piece against its hash (``DownloadRequest/pieces``) once every byte is held
+    /// (those checked as they completed are not read again). Returns true when all match. A bad
+    /// piece is no longer held (``cutOut(_:)``) and the source that wrote all of it is counted
+    /// (once: a piece found bad as it completed was counted then); the next round fetches the
+    /// pieces from a clean source where one has room. On the blocking-I/O pool, between rounds.
+    func verifyPieces(_ pieces: Metalink.Pieces, file: PartialFile) throws -> Bool {
+        try checkpointNow()
+        guard let total = lock.withLock({ record.totalLength }), total > 0, pieces.length > 0 else { return true }
+        guard let count = Self.pieceCount(pieces, total: total) else {
+            onEvent(.notice("the piece hashes describe another length than the file's \(total) bytes; pieces are not checked"))
+            return true
+        }
+        // (Under `ioLock`: a check queued before the round ended has finished, and none starts.)
+        let (bad, counted) = try ioLock.withLock { () throws -> ([(start: Int64, end: Int64)], [(start: Int64, end: Int64)]) in
+            let checked = lock.withLock { state.pieces }
+            var bad: [(start: Int64, end: Int64)] = [], counted: [(start: Int64, end: Int64)] = []
+            for k in 0..<count where !checked.good.contains(k) {
+                let (a, b) = Self.piece(k, of: pieces, total: total)
+                if checked.bad.contains(k) {
+                    counted.append((a, b))
+                } else if try Self.digest(of: file, algorithm: pieces.algorithm, from: a, to: b) != pieces.hashes[k] {
+                    bad.append((a, b))
+                }
+            }
+            return (bad, counted)
+        }
+        if bad.isEmpty, counted.isEmpty { return true }
+        if bad.isEmpty {
+            onEvent(.notice("fetching again the \(counted.count) piece\(counted.count == 1 ? "" : "s") that failed their hash"))
+        } else {
+            blame(bad, of: count, pieces: pieces, after: "; fetching them again")
+        }
+        try cutOut((bad + counted).sorted { $0.start < $1.start })
         return false
     }
 

@@ -178,6 +178,12 @@ extension FileDownload {
             }) ?? nil, let s = state.scheduler else { return nil }
             if let (victim, end) = a.shrunk {
                 cursors[victim]?.end.store(end, ordering: .relaxed)
+                // A stalled range taken over whole (the endgame) is asked of another source if one has room.
+                if s.segments[victim].remaining == 0, let owner = s.segments[victim].owner,
+                    let slow = state.sources.source(of: owner)
+                {
+                    state.onSources { $0.takeOver(id, from: slow) }
+                }
             }
             let seg = s.segments[a.segment]
             let cursor = SegmentCursor(segment: a.segment, start: seg.start, position: seg.next, end: seg.end, in: cursorFile)

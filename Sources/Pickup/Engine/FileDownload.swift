@@ -75,6 +75,8 @@ final class FileDownload: @unchecked Sendable {
     var preVerified: ExpectedDigest?
     /// A write-behind is queued or running on the pool.
     let writeBehindQueued = ManagedAtomic(false)
+    /// A check of completed pieces is queued or running.
+    let piecesQueued = ManagedAtomic(false)
 
     /// Connection `i` of this download asks for ``FetchRequest/lane`` `laneBase + i`: each keeps
     /// its own thread and socket from range to range, and downloads at once spread over the threads.

@@ -45,6 +45,30 @@ struct RunState {
     private(set) var sources: SourceSet
     /// Which source wrote which bytes in this run (start, end, source), for blaming a bad piece.
     private(set) var provenance: [(start: Int64, end: Int64, source: Int)] = []
+    /// Pieces checked against their hash in this run, as they completed (``PieceChecks``).
+    private(set) var pieces = PieceChecks()
+
+    /// What the piece hashes said of the bytes held now, by piece index. Forgotten (a new
+    /// generation) whenever held bytes are discarded or cut out, so that a check that was
+    /// running then records nothing about bytes that are not the ones it read.
+    struct PieceChecks {
+        var good: Set<Int> = []
+        /// Failed, and already counted against the source that sent them.
+        var bad: Set<Int> = []
+        var generation = 0
+        mutating func forget() {
+            good = []
+            bad = []
+            generation &+= 1
+        }
+    }
+
+    /// Piece `index`, read in `generation`, matched its hash (or not); false when the bytes changed since.
+    mutating func checked(piece index: Int, good: Bool, generation: Int) -> Bool {
+        guard generation == pieces.generation else { return false }
+        if good { pieces.good.insert(index) } else { pieces.bad.insert(index) }
+        return true
+    }
 
     init(record: ControlRecord, minSplit: Int64, sources: SourceSet? = nil) {
         checkpoints = Checkpoints(record: record)
@@ -166,8 +190,8 @@ struct RunState {
 
     /// The source that wrote all of `start..<end` in this run, when one did alone (a piece written
     /// partly by several sources, or before a kill, blames none of them).
-    func soleWriter(of start: Int64, _ end: Int64) -> Int? {
-        let writers = provenance.filter { $0.start < end && $0.end > start }
+    func soleWriter(of start: Int64, _ end: Int64, writing: [(start: Int64, end: Int64, source: Int)] = []) -> Int? {
+        let writers = (provenance + writing).filter { $0.start < end && $0.end > start }
         guard let s = writers.first?.source, writers.allSatisfy({ $0.source == s }) else { return nil }
         // Covered without a gap (bytes from before this run have no writer).
         var next = start
@@ -192,6 +216,7 @@ struct RunState {
         }
         if next < total { segments.append(SegmentRecord(start: next, end: total, done: total - next)) }
         forget(merged)
+        pieces.forget()
         let action = checkpoints.reshaped(segments)
         rebuildRanges(claiming: nil)
         return action
@@ -348,6 +373,7 @@ struct RunState {
     mutating func restarted(_ reset: (inout ControlRecord) -> Void) -> Checkpoints.Action {
         keptFromStart = 0
         provenance = []
+        pieces.forget()
         lastSeen = [:]
         keeper = nil
         scheduler = nil

@@ -188,13 +188,26 @@ public struct SegmentScheduler: Sendable, Equatable {
             (rates[$0] ?? 0, segments[$0].remaining) < (rates[$1] ?? 0, segments[$1].remaining)
         }) else { return (nil, []) }
         var cut: [(segment: Int, end: Int64)] = []
-        for i in owned where i != keep {
-            let s = segments[i]
-            segments[i].end = s.next
-            segments.append(Segment(start: s.next, end: s.end, done: 0, owner: nil))
-            cut.append((i, s.next))
-        }
+        for i in owned where i != keep { cut.append(cutAtProgress(i)) }
         return (segments[keep].owner, cut)
+    }
+
+    /// Every range `owners` are writing ends at its reported progress, and the rest of it becomes
+    /// an unowned range (their source was rejected: others fetch the rest). Returns the ranges
+    /// whose end was lowered, with their new end.
+    public mutating func cut(owners: Set<Int>) -> [(segment: Int, end: Int64)] {
+        var cut: [(segment: Int, end: Int64)] = []
+        for i in segments.indices where segments[i].owner.map(owners.contains) == true && segments[i].remaining > 0 {
+            cut.append(cutAtProgress(i))
+        }
+        return cut
+    }
+
+    private mutating func cutAtProgress(_ i: Int) -> (segment: Int, end: Int64) {
+        let s = segments[i]
+        segments[i].end = s.next
+        segments.append(Segment(start: s.next, end: s.end, done: 0, owner: nil))
+        return (i, s.next)
     }
 
     /// Records progress of a range (bytes written from its start).

@@ -107,6 +107,16 @@ struct SourceSet: Equatable {
         return best
     }
 
+    /// The endgame: `connection` takes over the rest of a range stalled on `slow`. Asking the same
+    /// server again for it is the last resort: it moves to the best other source with room, if
+    /// one has. Returns the source it moved to.
+    @discardableResult
+    mutating func takeOver(_ connection: Int, from slow: Int) -> Int? {
+        guard several, binding[connection] == slow, let to = pick(avoiding: slow) else { return nil }
+        bind(connection, to: to)
+        return to
+    }
+
     /// Binds `connection` to `source` (the first connection asks the primary), over its cap if need be.
     mutating func bind(_ connection: Int, to source: Int) {
         unbind(connection)
