@@ -307,4 +307,51 @@ import TestServer
         #expect(!dir.entries.contains { $0.hasPrefix("z.bin") || $0.hasPrefix("x.bin") }, "\(dir.entries)")
         await server.stop()
     }
+
+    @Test func anotherURLsPartialDownloadGoesOnlyOnceTheURLAnswersWithAFile() async throws {
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
+        let first = Resource.bytes(count: 4 << 20, seed: 85), second = Resource.bytes(count: 3 << 20, seed: 86)
+        server.set("/one", Resource(body: first, etag: "\"1\"", bytesPerSecond: 512 << 10))
+        server.set("/two", Resource(body: second, etag: "\"2\""))
+        let out = dir.file("x.bin").string
+        let killed = try await CLI.startAndKill(["get", server.url("/one"), "-o", out, "-x", "1", "-q"], state: state.path) {
+            (ControlFile.load(dir.file("x.bin.pickup-ctl"))?.durableBytes ?? 0) > 512 << 10
+        }
+        #expect(killed)
+        let r = try await CLI.offPool { try CLI.capture(["get", server.url("/two"), "-o", out], state: state.path) }
+        #expect(r.status == 0 && r.err.contains("a partial download of another URL"), "\(r.err)")
+        let same = dir.read("x.bin") == second
+        #expect(same, "x.bin is not the second URL's file")
+        #expect(dir.entries == ["x.bin"], "\(dir.entries)")
+        await server.stop()
+    }
+
+    @Test func aKilledRunOfAURLsMetalinkResumesItsFileUnderTheSameName() async throws {
+        // With -o, the document's file has the name the URL's own download would have: the rerun's
+        // first request (which finds the file's partial download at its path) must not discard it.
+        let server = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
+        let a = Resource.bytes(count: 6 << 20, seed: 84)
+        server.set("/m/a.bin", MirrorTests.mirror(a, etag: "\"a\"", cap: nil, rate: 512 << 10))
+        server.set("/get/image", MetalinkAnswerTests.documentResource(MetalinkTests.document(files: """
+              <file name="image.bin"><size>\(a.count)</size><hash type="sha-256">\(Self.sha256(a))</hash>
+                <url>\(server.url("/m/a.bin"))</url></file>
+            """)))
+        let args = ["get", server.url("/get/image"), "-o", dir.file("image.bin").string, "-x", "2", "-q"]
+        let control = dir.file("image.bin.pickup-ctl")
+        let killed = try await CLI.startAndKill(args, state: state.path) { (ControlFile.load(control)?.durableBytes ?? 0) > 1 << 20 }
+        #expect(killed)
+        let durable = try #require(ControlFile.load(control)).durableBytes
+        let before = server.bytesSent("/m/a.bin")
+        server.update("/m/a.bin") { $0.bytesPerSecond = nil }
+        let resumed = try await CLI.offPool { try CLI.capture(Array(args.dropLast()), state: state.path) }
+        #expect(resumed.status == 0, "\(resumed.err)")
+        let same = dir.read("image.bin") == a
+        #expect(same, "image.bin differs")
+        #expect(!resumed.err.contains("another URL"), "\(resumed.err)")
+        let again = server.bytesSent("/m/a.bin") - before
+        #expect(again <= a.count - Int(durable) + (1 << 20), "fetched \(again) of \(a.count) again, \(durable) were durable")
+        await server.stop()
+    }
 }

@@ -70,7 +70,7 @@ import TestServer
         if case .startOver = Recovery.decide(.init(record: nil, controlExists: false, partialSize: 5, written: nil), url: "u") {} else {
             Issue.record("a partial file without a control file was trusted")
         }
-        if case .startOver = Recovery.decide(.init(record: r, controlExists: true, partialSize: 200, written: nil), url: "http://other/f") {} else {
+        if case .anotherURL = Recovery.decide(.init(record: r, controlExists: true, partialSize: 200, written: nil), url: "http://other/f") {} else {
             Issue.record("a control file of another URL was trusted")
         }
     }

@@ -172,7 +172,7 @@ import Testing
                         if let merged { store(state.recovered(merged)) }
                         let first = state.firstRange()
                         writers[first.index] = first.start + first.done
-                    case .startOver, .fresh:
+                    case .startOver, .anotherURL, .fresh:
                         disk = Disk(Int(total))
                         onDisk = nil
                         startFresh()

@@ -19,8 +19,8 @@ import TestServer
 /// to Squid's SSL_ports), sometimes gives two mirrors besides the URL (each with its own
 /// validators and a cap of 1 to 3 connections, one sometimes cutting responses short, sometimes a
 /// dead one, first or last; a change changes them all; or, with the file's hash given by
-/// `--checksum` or by a Metalink document with piece hashes, one serving other bytes of the same
-/// length), sometimes fetches the file over FTP from pyftpdlib (sometimes from one of
+/// `--checksum` or by a Metalink document with piece hashes, read from a file or served by the
+/// URL itself, one serving other bytes of the same length), sometimes fetches the file over FTP from pyftpdlib (sometimes from one of
 /// its own that refuses sessions past 2 to 4 with 421 and cuts every transfer after some hundred
 /// KiB, or refuses REST) or over FTPS from vsftpd (when installed, and root for vsftpd: the
 /// validator is SIZE and MDTM, a change rewrites the file with a later time); then runs to the
@@ -189,7 +189,13 @@ struct TortureTests {
         // Half of those get the hashes from a Metalink document instead: piece hashes, checked
         // as the file completes, and the whole-file hash (a batch of one, run by `--metalink`).
         let viaMetalink = badMirror && !fixedSeeds.contains(seed) && pickSide(2) == 0
-        if badMirror { stats.behaviour(viaMetalink ? "(of which a bad mirror, Metalink)" : "(of which a bad mirror, --checksum)") }
+        // Half of those from a URL that answers with the document (`get URL -o f.bin`: the
+        // document's file has the name the URL's own download would have, at every rerun).
+        let metalinkAnswer = viaMetalink && pickSide(2) == 0
+        if badMirror {
+            stats.behaviour(metalinkAnswer ? "(of which a bad mirror, a URL's Metalink answer)"
+                : viaMetalink ? "(of which a bad mirror, Metalink)" : "(of which a bad mirror, --checksum)")
+        }
         func mirror(_ i: Int, version: Int) -> Resource {
             var r = resource(version: version)
             if badMirror && i == 1 { r.body = Resource.bytes(count: size, seed: seed &+ 1000) }
@@ -248,13 +254,15 @@ struct TortureTests {
             let body = resource(version: 1).body
             let pieceLength = 1 << 18
             let pieces = MirrorTests.pieces(body, length: pieceLength).hashes.map { "<hash>\(Hex.encode($0))</hash>" }.joined()
-            docs.write("f.meta4", MetalinkTests.document(files: """
+            let document = MetalinkTests.document(files: """
                   <file name="f.bin"><size>\(size)</size><hash type="sha-256">\(MetalinkCLITests.sha256(body))</hash>
                     <pieces length="\(pieceLength)" type="sha-256">\(pieces)</pieces>
                     \(urls.enumerated().map { "<url priority=\"\($0.offset + 1)\">\($0.element)</url>" }.joined())</file>
-                """))
-            args = ["get", "--metalink", docs.file("f.meta4").string, "-d", dir.path.string, "-x", "\(connections)", "--retries", "20"]
-                + (debugging ? [] : ["--quiet"])
+                """)
+            docs.write("f.meta4", document)
+            server.set(path + "/doc", MetalinkAnswerTests.documentResource(document))
+            args = ["get"] + (metalinkAnswer ? [server.url(path + "/doc"), "-o", out.string] : ["--metalink", docs.file("f.meta4").string, "-d", dir.path.string])
+                + ["-x", "\(connections)", "--retries", "20"] + (debugging ? [] : ["--quiet"])
         } else if badMirror {
             args += ["--checksum", "sha-256=" + MetalinkCLITests.sha256(resource(version: 1).body)]
         }

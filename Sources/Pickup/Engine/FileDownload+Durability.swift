@@ -29,6 +29,7 @@ extension FileDownload {
     /// Waits for a checkpoint in flight. On the blocking-I/O pool.
     func checkpointNow() throws {
         try ioLock.withLock {
+            if lock.withLock({ foreign != nil }) { return }  // (nothing of ours here yet)
             let (action, file) = lock.withLock { () -> (Checkpoints.Action, PartialFile?) in
                 state.recordWriters(inFlight: writing())
                 return (state.checkpoint(written: writtenByRange()), self.file)

@@ -75,6 +75,10 @@ final class FileDownload: @unchecked Sendable {
     var preVerified: ExpectedDigest?
     /// A write-behind is queued or running on the pool.
     let writeBehindQueued = ManagedAtomic(false)
+    /// Why the partial download at this path, another URL's, is to be discarded once this URL
+    /// answers with a file (nil: the path is this download's). Until then nothing here writes,
+    /// stores or removes a thing at the path (see ``Recovery/Decision/anotherURL(_:)``).
+    var foreign: String?
     /// A check of completed pieces is queued or running.
     let piecesQueued = ManagedAtomic(false)
 
@@ -263,7 +267,12 @@ final class FileDownload: @unchecked Sendable {
         case .fresh:
             if dir.exists(cursorName) { dir.remove(cursorName) }
             return false
-        case .startOver(let why):
+        case .anotherURL(let why) where request.followMetalink:
+            // Left as it is until this URL answers: a Metalink document (a rerun of `get URL`
+            // whose files are named as this path is) writes nothing here; a file discards it first.
+            lock.withLock { foreign = why }
+            return false
+        case .startOver(let why), .anotherURL(let why):
             onEvent(.notice(why))
             discardAll()
             return false
@@ -343,6 +352,7 @@ final class FileDownload: @unchecked Sendable {
     /// Removes the partial file and its helpers when they hold nothing. On the blocking-I/O pool.
     func discardPartialIfEmpty() {
         ioLock.withLock {
+            if lock.withLock({ foreign != nil }) { return }  // (another URL's, not ours to remove)
             if lock.withLock({ heldBytes() }) == 0 {
                 removeControlFile()
                 dir.remove(partialName)

@@ -40,6 +40,10 @@ enum Recovery {
         /// Resume from `record` (as loaded); `merged`: the ranges with what the cursors add,
         /// to be made durable (fsync, then store) before anything else; nil when they add nothing.
         case resume(ControlRecord, merged: [SegmentRecord]?)
+        /// The partial download at this path is another URL's: start over (said so), unless this
+        /// URL may turn out to be a Metalink document, whose files must not cost it a byte
+        /// (``FileDownload/foreign``).
+        case anotherURL(String)
     }
 
     static func decide(_ found: Found, url: String) -> Decision {
@@ -49,7 +53,7 @@ enum Recovery {
             return .fresh
         }
         guard record.url == url else {
-            return .startOver("a partial download of another URL (\(DownloadURL.redacted(record.url))) was at this path; starting over")
+            return .anotherURL("a partial download of another URL (\(DownloadURL.redacted(record.url))) was at this path; starting over")
         }
         let claimed = record.segments.filter { $0.done > 0 }.map { $0.start + $0.done }.max() ?? 0
         guard found.partialSize >= claimed, record.segments.allSatisfy({ $0.done >= 0 && $0.start >= 0 }) else {
