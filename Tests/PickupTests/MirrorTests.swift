@@ -1,6 +1,5 @@
 import Crypto
 import Foundation
-import Synchronization
 import SystemPackage
 import Testing
 import TestServer
@@ -247,13 +246,13 @@ import PickupDaemon
         let request = DownloadRequest(url: urls[0], destination: .file(f.dir.file("out.bin")), mirrors: [urls[1]])
         // Cancelled from the progress handler itself: a wait on the cooperative pool, busy with the
         // rest of the suite, could see the moment only after the download had ended.
-        let running = Mutex<Task<DownloadResult, any Error>?>(nil)
+        let running = LockedBox<Task<DownloadResult, any Error>?>(nil)
         let task = Task { [downloader = f.downloader] in
             try await downloader.download(request) {
-                if case .progress(let p) = $0, p.bytesDone > 1 << 20 { running.withLock { $0?.cancel() } }
+                if case .progress(let p) = $0, p.bytesDone > 1 << 20 { running.value?.cancel() }
             }
         }
-        running.withLock { $0 = task }
+        running.value = task
         let ended = await task.result
         let interrupted = if case .failure(PickupError.interrupted) = ended { true } else { false }
         #expect(interrupted, "the download ended before it was cancelled: \(ended)")
