@@ -15,6 +15,8 @@ struct Batch {
     var metalink = false
     /// The Metalink document `inputFile` (then a URL) answered with: its files are the batch.
     var document: Metalink? = nil
+    /// The signal trap of the single download that turned into this batch.
+    var trap: SignalTrap? = nil
 
     /// A Metalink document's files as list entries: named as it names them (sanitized), from
     /// all their URLs (the first by priority is the primary), verified piece by piece and with
@@ -76,7 +78,16 @@ struct Batch {
             let path = cwd.pushing(FilePath(output)).lexicallyNormalized()
             outDir = path.removingLastComponent()
             list.entries[0].name = path.lastComponent?.string
-            if let given = get.checksum.flatMap(ExpectedDigest.init(checksumArgument:)) { list.entries[0].checksum = given }
+        }
+        if document != nil {
+            // What was given for one file applies to a document's one file; the rest says so.
+            let given = get.checksum.flatMap(ExpectedDigest.init(checksumArgument:))
+            if let given, list.entries.count == 1 { list.entries[0].checksum = given }
+            let ignored = (given != nil && list.entries.count > 1 ? ["--checksum"] : [])
+                + (get.restart ? ["--restart"] : []) + (get.urls.count > 1 ? ["the other URLs"] : [])
+            if !ignored.isEmpty {
+                display.line("pickup: \(ignored.joined(separator: ", ")) do not apply to the document's files (each has its own hash and URLs)")
+            }
         }
         // A list is named by its path, a URL's document by the URL.
         let listKey = document != nil ? inputFile : cwd.pushing(FilePath(inputFile)).lexicallyNormalized().string
@@ -92,7 +103,10 @@ struct Batch {
         do {
             manager = try DownloadManager(configuration: config)
             ids = try await manager.add(try list.entries.map { e in
-                var options = try get.http.options(for: e.url)
+                // A document from the network names the hosts: the user's secrets (`-H`, `-u`, netrc's
+                // for the URL's host) go to the URL's origin only, and `-b` cookies are bound to it.
+                var options = document == nil ? try get.http.options(for: e.url)
+                    : try get.http.options(for: inputFile).named(by: inputFile, for: e.url)
                 options.headers += e.headers
                 return NewDownload(url: e.url, to: e.name.map { .file(outDir.appending($0)) } ?? .directory(outDir),
                                    checksum: e.checksum, overwrite: get.overwrite, options: options, mirrors: e.mirrors,
@@ -109,7 +123,7 @@ struct Batch {
             if info.state == .paused { try? await manager.resume(info.id) }
         }
 
-        let signals = SignalTrap()
+        let signals = trap ?? SignalTrap()
         let hooks = get.hookFlags.runner()
         // A signal stops the batch and any hook running (with its process group).
         signals.onSignal { _ in
@@ -118,7 +132,7 @@ struct Batch {
         }
         let started = Date()
         let events = await manager.events()
-        await manager.start()
+        if signals.received == nil { await manager.start() }  // (a signal already: the batch stops as it is)
         var view: [DownloadID: DownloadInfo] = [:]
         var running: [DownloadID: DownloadInfo] = [:]
         var unfinished = wanted

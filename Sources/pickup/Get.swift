@@ -135,12 +135,12 @@ struct Get: AsyncParsableCommand {
         switch result {
         case .success(let r) where r.outcome == .metalink:
             guard let document = r.metalink else { throw ExitCode(Exit.failure) }
-            if signals.received != nil { throw ExitCode(signals.received == SIGTERM ? Exit.terminated : Exit.interrupted) }
+            if let sig = signals.received { throw ExitCode(sig == SIGTERM ? Exit.terminated : Exit.interrupted) }
             if !quiet {
                 display.line("pickup: \(DownloadURL.redacted(url)) is a Metalink document describing \(document.files.count) "
                     + "file\(document.files.count == 1 ? "" : "s"); downloading \(document.files.count == 1 ? "it" : "them")")
             }
-            return try await Batch(get: self, inputFile: url, document: document).run()
+            return try await Batch(get: self, inputFile: url, document: document, trap: signals).run()
         case .success(let r):
             display.finished(r)
             if json {
@@ -287,20 +287,30 @@ struct EngineFlags: ParsableArguments {
 final class SignalTrap: @unchecked Sendable {
     private let lock = NSLock()
     private var sources: [DispatchSourceSignal] = []
+    private var handlers: [@Sendable (Int32) -> Void] = []
     private var signal: Int32?
 
     var received: Int32? { lock.withLock { signal } }
 
+    /// Calls `handler` at the first SIGINT or SIGTERM, or at once when one came already (a
+    /// single download that turned into a batch hands its trap on: no signal falls between).
     func onSignal(_ handler: @escaping @Sendable (Int32) -> Void) {
+        let already = lock.withLock { () -> Int32? in
+            if signal == nil { handlers.append(handler) }
+            return signal
+        }
+        if let already { return handler(already) }
+        guard lock.withLock({ sources.isEmpty }) else { return }
         for sig in [SIGINT, SIGTERM] {
             Foundation.signal(sig, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
             source.setEventHandler { [self] in
-                let first = lock.withLock { () -> Bool in
-                    defer { if signal == nil { signal = sig } }
-                    return signal == nil
+                let first = lock.withLock { () -> [@Sendable (Int32) -> Void] in
+                    guard signal == nil else { return [] }
+                    signal = sig
+                    return handlers
                 }
-                if first { handler(sig) }
+                for handler in first { handler(sig) }
             }
             source.resume()
             lock.withLock { sources.append(source) }

@@ -308,6 +308,31 @@ import TestServer
         await server.stop()
     }
 
+    @Test func aDocumentFromTheNetworkGetsNoSecretForOtherHosts() async throws {
+        let server = try await TestServer.start(), other = try await TestServer.start()
+        let dir = TempDir(), state = TempDir()
+        let a = Resource.bytes(count: 300_000, seed: 87)
+        other.set("/f.bin", Resource(body: a, etag: "\"o\""))
+        server.set("/f.bin", Resource(body: a, etag: "\"s\""))
+        server.set("/doc", MetalinkAnswerTests.documentResource(MetalinkTests.document(files: """
+              <file name="f.bin"><url priority="1">\(other.url("/f.bin"))</url></file>
+              <file name="g.bin"><url priority="1">\(server.url("/f.bin"))</url></file>
+            """)))
+        let r = try await CLI.offPool {
+            try CLI.capture(["get", server.url("/doc"), "-d", dir.path.string, "-q", "-H", "Authorization: Bearer s3cret",
+                             "-b", "session=k3y"], state: state.path)
+        }
+        #expect(r.status == 0, "\(r.err)")
+        let both = dir.read("f.bin") == a && dir.read("g.bin") == a
+        #expect(both, "\(dir.entries)")
+        // The other host got neither; the document's own origin got both.
+        #expect(!other.requests("/f.bin").isEmpty)
+        #expect(other.requests("/f.bin").allSatisfy { $0.headers["authorization"] == nil && $0.headers["cookie"] == nil })
+        #expect(server.requests("/f.bin").contains { $0.headers["authorization"] == "Bearer s3cret" && $0.headers["cookie"] == "session=k3y" })
+        await server.stop()
+        await other.stop()
+    }
+
     @Test func anotherURLsPartialDownloadGoesOnlyOnceTheURLAnswersWithAFile() async throws {
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()

@@ -43,7 +43,8 @@ extension FileDownload {
     /// `previous`: the finished file a conditional request asked about, when this run fetched
     /// the file again because the server did not confirm it.
     func finish(file: PartialFile, previous: (FilePath, CompletionRecord)? = nil) throws -> (FilePath, Int64, ExpectedDigest?) {
-        try ioLock.withLock { try finishLocked(file: file, previous: previous) }
+        discardForeign()  // (an empty file, complete without a byte written)
+        return try ioLock.withLock { try finishLocked(file: file, previous: previous) }
     }
 
     private func finishLocked(file: PartialFile, previous: (FilePath, CompletionRecord)?) throws -> (FilePath, Int64, ExpectedDigest?) {

@@ -11,14 +11,7 @@ extension FileDownload {
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
                       cursor: SegmentCursor, latency: Double, connection: Int, source: Int = 0) throws -> (SegmentCursor, Int64, Int64?)? {
         if decision.writes, answersWithMetalink(head, source: source) { throw MetalinkAnswer() }
-        if decision.writes, let why = lock.withLock({ foreign }) {
-            // A file after all: the other URL's partial download goes before a byte of this one.
-            onEvent(.notice(why))
-            ioLock.withLock {
-                discardAll()
-                lock.withLock { foreign = nil }
-            }
-        }
+        if decision.writes { discardForeign() }
         switch decision {
         case .append(let at, let end, let total, let validators):
             mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })

@@ -29,6 +29,17 @@ final class DocumentSink: ResponseSink, @unchecked Sendable {
 }
 
 extension FileDownload {
+    /// This URL answered with a file after all: another URL's partial download at the path
+    /// (``foreign``) goes, said so, before a byte of this one is written or the file finished.
+    func discardForeign() {
+        guard let why = lock.withLock({ foreign }) else { return }
+        onEvent(.notice(why))
+        ioLock.withLock {
+            discardAll()
+            lock.withLock { foreign = nil }
+        }
+    }
+
     /// Whether `head` answers the first request of a download that holds nothing with a Metalink
     /// document that this request follows. With `lock` not held.
     func answersWithMetalink(_ head: ResponseHead, source: Int) -> Bool {

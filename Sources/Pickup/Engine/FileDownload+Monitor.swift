@@ -89,7 +89,7 @@ extension FileDownload {
         guard let file = lock.withLock({ file }),
             !piecesQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }
         BlockingIO.submit {
-            self.ioLock.withLock { self.checkCompletePieces(pieces, file: file) }
+            self.checkCompletePieces(pieces, file: file)
             self.piecesQueued.store(false, ordering: .releasing)
         }
     }

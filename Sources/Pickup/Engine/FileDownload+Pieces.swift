@@ -19,15 +19,16 @@ extension FileDownload {
     /// comes in: a good one is not read again at the end, a bad one is counted against the source
     /// that sent it at once (two, and it is rejected: its connections go to the others) and is
     /// fetched again after the round. Queued by the monitor after a checkpoint; on the
-    /// blocking-I/O pool, under `ioLock` (the file is not closed under it, and cut-outs wait).
+    /// blocking-I/O pool, each piece read under `ioLock` (the file is not closed under it, and
+    /// cut-outs and discards wait), which checkpoints and the run's end take between pieces.
     func checkCompletePieces(_ pieces: Metalink.Pieces, file: PartialFile) {
         let found = lock.withLock { () -> (todo: [Int], total: Int64, generation: Int)? in
-            guard !state.ended, let total = record.totalLength, Self.pieceCount(pieces, total: total) != nil else { return nil }
+            guard !state.ended, let total = record.totalLength, let count = Self.pieceCount(pieces, total: total) else { return nil }
             var todo: [Int] = []
-            for (a, b) in RunState.merged(record.segments.map { ($0.start, $0.start + $0.done) }) where b > a {
+            for (a, b) in RunState.merged(record.segments.map { ($0.start, $0.start + $0.done) }) where b > a && b <= total {
                 // The pieces wholly inside [a, b): from the first that starts there to the last that ends there.
                 let first = Int(a / pieces.length + (a % pieces.length > 0 ? 1 : 0))
-                let last = b == total ? Int((b - 1) / pieces.length) : Int(b / pieces.length) - 1
+                let last = min(count - 1, b == total ? Int((b - 1) / pieces.length) : Int(b / pieces.length) - 1)
                 if first <= last {
                     for k in first...last where !state.pieces.good.contains(k) && !state.pieces.bad.contains(k) { todo.append(k) }
                 }
@@ -39,16 +40,24 @@ extension FileDownload {
         for k in found.todo {
             let (a, b) = Self.piece(k, of: pieces, total: found.total)
             // (A read that fails is left to the check at the end of the round, which says so.)
-            guard let digest = try? Self.digest(of: file, algorithm: pieces.algorithm, from: a, to: b) else { return }
-            let good = digest == pieces.hashes[k]
-            // A bad piece is settled once its source is known (an attempt still writing has not
-            // said yet); until then the next check reads it again.
-            let recorded = lock.withLock { () -> Bool? in
-                if !good, state.soleWriter(of: a, b, writing: writing()) == nil { return nil }
-                return state.checked(piece: k, good: good, generation: found.generation)
+            let digest = ioLock.withLock { () -> [UInt8]? in
+                lock.withLock { state.ended } ? nil : try? Self.digest(of: file, algorithm: pieces.algorithm, from: a, to: b)
             }
-            if recorded == false { return }
-            if recorded == true, !good { bad.append((a, b)) }
+            guard let digest else { break }
+            let good = digest == pieces.hashes[k]
+            // A bad piece is counted against its source once that is known (an attempt still
+            // writing it has not said yet: the next check reads it again); one that several
+            // sources, or a run before a kill, wrote is bad with no one to blame.
+            let recorded = lock.withLock { () -> (Bool, blame: Bool)? in
+                let writing = writing()
+                let sole = good ? nil : state.soleWriter(of: a, b, writing: writing)
+                if !good, sole == nil, writing.contains(where: { $0.start < b && $0.end > a }) { return nil }
+                return (state.checked(piece: k, good: good, generation: found.generation), sole != nil)
+            }
+            guard let (stored, blame) = recorded else { continue }
+            // (A new generation, or the round's end taking over: nothing more is recorded.)
+            guard stored else { break }
+            if !good, blame { bad.append((a, b)) }
         }
         if !bad.isEmpty { blame(bad, of: found.todo.count, pieces: pieces, after: "; fetching them again once the rest is here") }
     }
@@ -104,9 +113,9 @@ extension FileDownload {
             onEvent(.notice("the piece hashes describe another length than the file's \(total) bytes; pieces are not checked"))
             return true
         }
-        // (Under `ioLock`: a check queued before the round ended has finished, and none starts.)
+        // (A check running as pieces complete records nothing from now on: `seal`.)
         let (bad, counted) = try ioLock.withLock { () throws -> ([(start: Int64, end: Int64)], [(start: Int64, end: Int64)]) in
-            let checked = lock.withLock { state.pieces }
+            let checked = lock.withLock { state.sealPieces() }
             var bad: [(start: Int64, end: Int64)] = [], counted: [(start: Int64, end: Int64)] = []
             for k in 0..<count where !checked.good.contains(k) {
                 let (a, b) = Self.piece(k, of: pieces, total: total)

@@ -63,6 +63,13 @@ struct RunState {
         }
     }
 
+    /// The round is over: what the pieces said so far stands, and a check still running records
+    /// nothing more (the round's own check reads the rest). Returns what they said.
+    mutating func sealPieces() -> PieceChecks {
+        pieces.generation &+= 1
+        return pieces
+    }
+
     /// Piece `index`, read in `generation`, matched its hash (or not); false when the bytes changed since.
     mutating func checked(piece index: Int, good: Bool, generation: Int) -> Bool {
         guard generation == pieces.generation else { return false }

@@ -214,6 +214,14 @@ public struct RequestOptions: Sendable, Codable, Equatable {
     /// Whether there is nothing to send.
     public var isEmpty: Bool { headers.isEmpty && cookies.isEmpty }
 
+    /// These options for a URL that a document fetched from `given` named (a Metalink answer's
+    /// files): all of them where `url` has `given`'s origin, else none of the secret header
+    /// fields (the user gave them for `given`); cookies stay, sent only where they match.
+    public func named(by given: String, for url: String) -> RequestOptions {
+        if let origin = Origin(url), origin == Origin(given) { return self }
+        return RequestOptions(headers: headers.filter { !$0.isSecret }, cookies: cookies)
+    }
+
     /// Header names, each secret value replaced by `***`: what listings and the API show.
     public var redacted: [RequestHeader] {
         headers.map { RequestHeader(unchecked: $0.name, $0.isSecret ? "***" : $0.value) }
