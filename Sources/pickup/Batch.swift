@@ -69,17 +69,17 @@ struct Batch {
 
         let cwd = FilePath(FileManager.default.currentDirectoryPath)
         var outDir = cwd.pushing(FilePath(get.dir ?? ".")).lexicallyNormalized()
-        if document != nil, let output = get.output {
-            // `-o` names the one file the URL's document describes (with its checksum, if given).
-            guard list.entries.count == 1 else {
-                throw fail("\(DownloadURL.redacted(inputFile)) answered with a Metalink document of \(list.entries.count) files: "
-                    + "use -d DIR instead of -o", Exit.usage)
-            }
-            let path = cwd.pushing(FilePath(output)).lexicallyNormalized()
-            outDir = path.removingLastComponent()
-            list.entries[0].name = path.lastComponent?.string
-        }
         if document != nil {
+            if let output = get.output {
+                // `-o` names the one file the URL's document describes.
+                guard list.entries.count == 1 else {
+                    throw fail("\(DownloadURL.redacted(inputFile)) answered with a Metalink document of \(list.entries.count) files: "
+                        + "use -d DIR instead of -o", Exit.usage)
+                }
+                let path = cwd.pushing(FilePath(output)).lexicallyNormalized()
+                outDir = path.removingLastComponent()
+                list.entries[0].name = path.lastComponent?.string
+            }
             // What was given for one file applies to a document's one file; the rest says so.
             let given = get.checksum.flatMap(ExpectedDigest.init(checksumArgument:))
             if let given, list.entries.count == 1 { list.entries[0].checksum = given }

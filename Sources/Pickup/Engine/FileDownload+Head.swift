@@ -10,8 +10,10 @@ extension FileDownload {
     /// 200) run outside `lock`, and the control file is written on the blocking-I/O pool.
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
                       cursor: SegmentCursor, latency: Double, connection: Int, source: Int = 0) throws -> (SegmentCursor, Int64, Int64?)? {
-        if decision.writes, answersWithMetalink(head, source: source) { throw MetalinkAnswer() }
-        if decision.writes { discardForeign() }
+        if decision.writes {
+            if answersWithMetalink(head, source: source) { throw MetalinkAnswer() }
+            discardForeign()
+        }
         switch decision {
         case .append(let at, let end, let total, let validators):
             mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })

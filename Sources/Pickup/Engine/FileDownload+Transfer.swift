@@ -448,8 +448,8 @@ extension FileDownload {
                 let (next, notice) = lock.withLock { () -> (SourceSet.Next, String?) in
                     let others = state.activeConnections > 1
                     return state.onSources { s in
-                        if tooLong, let notice = s.retire(source, why: "\(failure); it asks to retry after \(retryAfter ?? 0) s") {
-                            return (s.bind(id).map { .moveTo($0) } ?? .leave, notice)
+                        if tooLong, let retired = s.retire(source, moving: id, why: "\(failure); it asks to retry after \(retryAfter ?? 0) s") {
+                            return retired
                         }
                         guard busy else { return s.failed(source, connection: id, why: failure) }
                         // A busy answer says how many it takes: said once per change, not per connection.

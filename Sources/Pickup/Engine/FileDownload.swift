@@ -167,10 +167,7 @@ final class FileDownload: @unchecked Sendable {
             stopMonitoring()
             if let (path, rec) = unchanged {
                 onEvent(.notice("already downloaded and unchanged on the server: \(path)"))
-                try await BlockingIO.run {
-                    self.discardPartialIfEmpty()
-                    self.end(file)
-                }
+                try await endWithNothingWritten(file)
                 return DownloadResult(outcome: .unchanged, path: path, size: rec.length, bytesTransferred: 0,
                                       resumedFrom: rec.length, elapsed: Clock.monotonic() - started)
             }
@@ -185,10 +182,7 @@ final class FileDownload: @unchecked Sendable {
         } catch let followed as MetalinkFollowed {
             // Nothing was written: no partial file stays, and the caller downloads what it describes.
             stopMonitoring()
-            try await BlockingIO.run {
-                self.discardPartialIfEmpty()
-                self.end(file)
-            }
+            try await endWithNothingWritten(file)
             return DownloadResult(outcome: .metalink, path: partialPath.removingLastComponent(), size: 0, bytesTransferred: 0,
                                   resumedFrom: 0, elapsed: Clock.monotonic() - started, metalink: followed.metalink)
         } catch {
@@ -201,6 +195,15 @@ final class FileDownload: @unchecked Sendable {
             }
             if error is CancellationError { throw PickupError.interrupted }
             throw error
+        }
+    }
+
+    /// The end of a run that wrote nothing at the path (an unchanged file, a Metalink answer):
+    /// the empty partial file and its helpers go, on the blocking-I/O pool.
+    private func endWithNothingWritten(_ file: PartialFile) async throws {
+        try await BlockingIO.run {
+            self.discardPartialIfEmpty()
+            self.end(file)
         }
     }
 

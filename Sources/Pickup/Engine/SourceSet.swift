@@ -196,11 +196,16 @@ struct SourceSet: Equatable {
         guard several else { return (.retry, nil) }
         // One that has sent nothing while another has (a dead mirror) goes at its first failure.
         let limit = !sources[source].delivered && sources.contains(where: \.delivered) ? 1 : Self.failuresToRetire
-        if sources[source].failures >= limit, let notice = retire(source, why: why) {
-            return (bind(connection).map { .moveTo($0) } ?? .leave, notice)
-        }
+        if sources[source].failures >= limit, let retired = retire(source, moving: connection, why: why) { return retired }
         // Another source with room takes the retry at once; this one may recover meanwhile.
         return (elsewhere(connection, from: source) ?? .retry, nil)
+    }
+
+    /// `source` is retired (``retire(_:why:)``) and `connection` goes on with the best source with
+    /// room, or leaves; nil (nothing changed) when `source` stays.
+    mutating func retire(_ source: Int, moving connection: Int, why: String) -> (next: Next, retired: String?)? {
+        guard let notice = retire(source, why: why) else { return nil }
+        return (bind(connection).map { .moveTo($0) } ?? .leave, notice)
     }
 
     /// Whether `source`'s bytes may be refused for another source's: another live one has
