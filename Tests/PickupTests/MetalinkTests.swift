@@ -176,7 +176,6 @@ import TestServer
     }
 }
 
-/// `pickup get --metalink FILE`: each file named and verified as the document says.
 /// A URL that answers with a Metalink document (`Content-Type: application/metalink4+xml`).
 @Suite struct MetalinkAnswerTests {
     static func documentResource(_ document: [UInt8]) -> Resource {
@@ -213,6 +212,8 @@ import TestServer
     }
 }
 
+/// `pickup get --metalink FILE`, and `get URL` answered with a document: each file named and
+/// verified as the document says.
 @Suite(.serialized) struct MetalinkCLITests {
     static func sha256(_ bytes: [UInt8]) -> String {
         var hasher = AnyHasher(.sha256)
@@ -333,7 +334,7 @@ import TestServer
         await other.stop()
     }
 
-    @Test func anotherURLsPartialDownloadGoesOnlyOnceTheURLAnswersWithAFile() async throws {
+    @Test func anotherURLsPartialDownloadGoesWhenTheURLAnswersWithAFile() async throws {
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()
         let first = Resource.bytes(count: 4 << 20, seed: 85), second = Resource.bytes(count: 3 << 20, seed: 86)

@@ -32,6 +32,12 @@ import PickupDaemon
         return Metalink.Pieces(length: Int64(length), algorithm: .sha256, hashes: hashes)
     }
 
+    /// `body`'s piece hashes as a Metalink document's `<pieces>` element.
+    static func piecesElement(_ body: [UInt8], length: Int) -> String {
+        "<pieces length=\"\(length)\" type=\"sha-256\">"
+            + pieces(body, length: length).hashes.map { "<hash>\(Hex.encode($0))</hash>" }.joined() + "</pieces>"
+    }
+
     func download(_ f: Fixture, _ urls: [String], name: String = "out.bin", pieces: Metalink.Pieces? = nil,
                   checksum: ExpectedDigest? = nil) async throws(PickupError) -> DownloadResult {
         let events = f.events
@@ -422,11 +428,9 @@ import PickupDaemon
         #expect(listedSame, "the file differs")
         #expect(server.requests("/b/f.bin").contains { $0.status == 206 })
 
-        let pieceLength = 1 << 20
-        let pieces = MirrorTests.pieces(body, length: pieceLength).hashes.map { "<hash>\(Hex.encode($0))</hash>" }.joined()
         docs.write("m.meta4", MetalinkTests.document(files: """
               <file name="meta.bin"><size>\(body.count)</size><hash type="sha-256">\(MetalinkCLITests.sha256(body))</hash>
-                <pieces length="\(pieceLength)" type="sha-256">\(pieces)</pieces>
+                \(MirrorTests.piecesElement(body, length: 1 << 20))
                 <url priority="1">\(server.url("/a/f.bin"))</url><url priority="2">\(server.url("/bad/f.bin"))</url>
                 <url priority="3">\(server.url("/b/f.bin"))</url></file>
             """))

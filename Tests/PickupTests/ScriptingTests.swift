@@ -20,6 +20,7 @@ extension CLI {
         p.standardOutput = out
         p.standardError = err
         try p.runWithSignalsUnblocked()
+        bound(p)
         // Read both to the end before waiting (a full pipe would block the child).
         let errData = NSLockedData()
         let reader = Thread { errData.set(err.fileHandleForReading.readDataToEndOfFile()) }

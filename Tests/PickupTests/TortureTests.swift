@@ -140,17 +140,20 @@ struct TortureTests {
         // Mirrors come from a stream of their own, so that the fixed seeds replay as they were found.
         var side = SplitMix(state: seed ^ 0x6D69_7272_6F72_73)
         func pickSide(_ n: Int) -> Int { Int(side.next() % UInt64(n)) }
-        let picked: Behaviour = switch pick(8) {
-        case 0 where kind == .strongETag: .loadBalanced
-        case 1: .slowFirstByte
-        case 2 where servers.squid != nil: .throughSquid
-        case 3 where servers.ftp != nil: pick(2) == 0 ? .overFTP : .overFlakyFTP
-        case 4 where servers.squid != nil: .tunnelThroughSquid
-        case 5 where servers.ftps != nil: .overFTPS
-        default: kind != .none && !seedsBeforeMirrors.contains(seed) && pickSide(2) == 0 ? .mirrors : .plain
+        // The first two fixed seeds were found over plain HTTP, before other servers were explored:
+        // they draw no behaviour, so that their kill moments replay as found.
+        func drawn() -> Behaviour {
+            switch pick(8) {
+            case 0 where kind == .strongETag: .loadBalanced
+            case 1: .slowFirstByte
+            case 2 where servers.squid != nil: .throughSquid
+            case 3 where servers.ftp != nil: pick(2) == 0 ? .overFTP : .overFlakyFTP
+            case 4 where servers.squid != nil: .tunnelThroughSquid
+            case 5 where servers.ftps != nil: .overFTPS
+            default: kind != .none && !seedsBeforeMirrors.contains(seed) && pickSide(2) == 0 ? .mirrors : .plain
+            }
         }
-        // The first two fixed seeds were found over plain HTTP, before other servers were explored.
-        let behaviour = seedsBeforeMirrors.prefix(2).contains(seed) ? .plain : picked
+        let behaviour = seedsBeforeMirrors.prefix(2).contains(seed) ? .plain : drawn()
         let overFTP = behaviour == .overFTP || behaviour == .overFlakyFTP || behaviour == .overFTPS
         let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
         // Only the trials of one behaviour (to look into one server closely).
@@ -177,12 +180,12 @@ struct TortureTests {
             return r
         }
         // Mirrors: the same bytes at two more paths, each with its own validators, taking 1 to 3
-        // connections (503 past that), one sometimes cutting its responses short; sometimes a
-        // dead mirror too (nothing listens), sometimes listed first.
+        // connections (503 past that), each sometimes cutting its first four answers short (a 503
+        // takes one of the four); sometimes a dead mirror too (nothing listens), listed first or last.
         let mirrorPaths = behaviour == .mirrors ? [path + "/m1", path + "/m2"] : []
         let mirrorCaps = mirrorPaths.map { _ in 1 + pickSide(3) }
         let mirrorDrops = mirrorPaths.map { _ in pickSide(3) == 0 ? 100_000 + pickSide(400_000) : nil }
-        let deadMirror = behaviour == .mirrors ? pickSide(3) : 0  // 0: none, 1: among the others, 2: first
+        let deadMirror = behaviour == .mirrors ? pickSide(3) : 0  // 0: none, 1: last, 2: first
         // Sometimes the second mirror serves other bytes of the same length; the file's hash is
         // given (--checksum) and must find it out, across kills (no change then: one hash).
         let badMirror = behaviour == .mirrors && changeBefore == nil && pickSide(3) == 0
@@ -252,11 +255,9 @@ struct TortureTests {
         let docs = TempDir()
         if viaMetalink {
             let body = resource(version: 1).body
-            let pieceLength = 1 << 18
-            let pieces = MirrorTests.pieces(body, length: pieceLength).hashes.map { "<hash>\(Hex.encode($0))</hash>" }.joined()
             let document = MetalinkTests.document(files: """
                   <file name="f.bin"><size>\(size)</size><hash type="sha-256">\(MetalinkCLITests.sha256(body))</hash>
-                    <pieces length="\(pieceLength)" type="sha-256">\(pieces)</pieces>
+                    \(MirrorTests.piecesElement(body, length: 1 << 18))
                     \(urls.enumerated().map { "<url priority=\"\($0.offset + 1)\">\($0.element)</url>" }.joined())</file>
                 """)
             docs.write("f.meta4", document)
