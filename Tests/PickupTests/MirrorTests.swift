@@ -98,6 +98,18 @@ import PickupDaemon
         await f.close()
     }
 
+    @Test func aMirrorAskingForTooLongAWaitIsLeftToTheOthers() async throws {
+        let f = try await Fixture(connections: 2)
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
+        var slow = Self.mirror(body, etag: "\"b\"", cap: nil)
+        slow.faults = Array(repeating: .status(503, ["Retry-After": "3600"]), count: 4)
+        f.server.set("/b", slow)
+        _ = try await download(f, ["/a", "/b"].map(f.server.url))
+        Self.expectFile(f, is: body)
+        #expect(f.events.notices.contains { $0.contains("/b retired") && $0.contains("retry after 3600 s") }, "\(f.events.notices)")
+        await f.close()
+    }
+
     @Test func aDeadPrimaryLeavesTheFileToItsMirrors() async throws {
         let f = try await Fixture(connections: 4)
         f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
