@@ -165,7 +165,7 @@ public final class Daemon: Sendable {
         let app = Application(
             router: router,
             server: .http1(configuration: .init(additionalChannelHandlers: [ConnectionLimit(open: open, limit: limit)],
-                                                idleTimeout: .nanoseconds(Int64(configuration.idleTimeout * 1e9)))),
+                                                idleTimeout: Seconds.timeAmount(configuration.idleTimeout))),
             configuration: .init(address: .hostname(host, port: configuration.port), serverName: nil),
             onServerRunning: { [self] channel in
                 let port = channel.localAddress?.port ?? configuration.port

@@ -82,7 +82,7 @@ public struct DaemonFiles: Sendable {
             return Hooks()
         }
         return Hooks(onComplete: object["onComplete"] as? String, onError: object["onError"] as? String,
-                     timeout: (object["hookTimeout"] as? NSNumber)?.doubleValue ?? 60)
+                     timeout: ((object["hookTimeout"] as? NSNumber)?.doubleValue).flatMap { Seconds.isValid($0) ? $0 : nil } ?? 60)
     }
 
     static let hookKeys = ["onComplete", "onError", "hookTimeout"]

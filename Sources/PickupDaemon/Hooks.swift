@@ -151,7 +151,7 @@ public final class HookRunner: Sendable {
         // A stop that came while it was starting applies to it too.
         if state.withLockedValue({ s in s.running = pid; return s.stopped }) { kill(-pid, SIGTERM) }
         defer { state.withLockedValue { $0.running = nil } }
-        let deadline = DispatchTime.now() + hooks.timeout
+        let deadline = DispatchTime.now() + Seconds.clamped(hooks.timeout)
         var ended = wait(pid, until: deadline) { self.state.withLockedValue { $0.stopped } }
         var why: String? = nil
         if ended == nil {
@@ -202,7 +202,8 @@ public final class HookRunner: Sendable {
     }
 
     static func seconds(_ t: Double) -> String {
-        t == t.rounded() ? String(Int(t)) : String(format: "%.1f", t)
+        let t = Seconds.clamped(t)
+        return t == t.rounded() ? String(Int(t)) : String(format: "%.1f", t)
     }
 
     /// Runs `body` with a NULL-terminated array of C strings.

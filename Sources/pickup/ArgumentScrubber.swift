@@ -1,8 +1,9 @@
 import Foundation
 
 /// Hides secrets from `ps` and `/proc/PID/cmdline`: once the command line is parsed, the values
-/// of `-u`/`--user`, `-b`/`--cookie`, `-H`/`--header` (the value, not the name), the user
-/// information of `--proxy` and of every URL are overwritten in the process's own argument
+/// of `-u`/`--user`, `-b`/`--cookie`, `-H`/`--header` (the value, not the name; also grouped
+/// after other short options, `-qu`), the user information of `--proxy` (with or without a
+/// scheme) and of every URL are overwritten in the process's own argument
 /// strings, as curl does. Linux and macOS read a process's arguments from its memory, so the
 /// overwritten bytes are what they show; a reader that looked in the first milliseconds, before
 /// the parse, could still have seen them (say so in the README).
@@ -30,9 +31,18 @@ enum ArgumentScrubber {
             if let eq = arg.utf8.firstIndex(of: UInt8(ascii: "=")), arg.hasPrefix("--") {
                 option = String(arg[..<eq])
                 value = p + arg.utf8.distance(from: arg.utf8.startIndex, to: eq) + 1
-            } else if arg.count > 2, !arg.hasPrefix("--"), arg.hasPrefix("-"), ["-u", "-b", "-H"].contains(String(arg.prefix(2))) {
-                option = String(arg.prefix(2))
-                value = p + 2
+            } else if let (letter, offset) = groupedSecret(arg) {
+                // `-u VALUE`, `-uVALUE`, and short options grouped before it (`-qu VALUE`, `-qH 'A: b'`).
+                option = "-" + String(letter)
+                if offset < arg.utf8.count {
+                    value = p + offset
+                } else if i + 1 < argc, let next = argv[i + 1] {
+                    value = next
+                    skip = 2
+                } else {
+                    i += 1
+                    continue
+                }
             } else if i + 1 < argc, let next = argv[i + 1],
                 secretValues.contains(arg) || headerValues.contains(arg) || urlValues.contains(arg) {
                 option = arg
@@ -55,13 +65,32 @@ enum ArgumentScrubber {
                     fill(value, from: 0)
                 }
             } else if urlValues.contains(option) {
-                hideUserInfo(value)
+                // A proxy may be written without a scheme (`user:password@host:port`).
+                hideUserInfo(value, schemeOptional: true)
             } else {
                 // `--other=value`: its user information, as for a positional argument.
                 hideUserInfo(p)
             }
             i += skip
         }
+    }
+
+    /// Short options whose value is secret, as letters.
+    static let secretLetters: Set<Character> = ["u", "b", "H"]
+
+    /// In a group of short options (`-qu`, `-quVALUE`), the first secret option's letter and the
+    /// byte offset where its joined value would start; nil when the argument has none. Letters of
+    /// other options before it are taken as flags: at worst another option's joined value is
+    /// hidden too, which costs nothing.
+    static func groupedSecret(_ arg: String) -> (Character, Int)? {
+        guard arg.hasPrefix("-"), !arg.hasPrefix("--"), arg.count > 1 else { return nil }
+        var offset = 1
+        for ch in arg.dropFirst() {
+            offset += String(ch).utf8.count
+            if secretLetters.contains(ch) { return (ch, offset) }
+            guard ch.isASCII, ch.isLetter else { return nil }
+        }
+        return nil
     }
 
     /// Overwrites the C string at `p` with `*` from byte `offset` on (its length stays).
@@ -72,13 +101,20 @@ enum ArgumentScrubber {
     }
 
     /// In `scheme://user:password@host...`, overwrites `user:password` with `*`.
-    static func hideUserInfo(_ p: UnsafeMutablePointer<CChar>) {
+    /// With `schemeOptional`, a value without `://` is an authority from its first byte.
+    static func hideUserInfo(_ p: UnsafeMutablePointer<CChar>, schemeOptional: Bool = false) {
         let n = strlen(p)
         var k = 0
         // "://"
         while k + 2 < n, !(p[k] == 0x3A && p[k + 1] == 0x2F && p[k + 2] == 0x2F) { k += 1 }
-        guard k + 2 < n else { return }
-        let start = k + 3
+        let start: Int
+        if k + 2 < n {
+            start = k + 3
+        } else if schemeOptional {
+            start = 0
+        } else {
+            return
+        }
         var end = start
         // The authority ends at '/', '?' or '#'; user information ends at its last '@'.
         var at: Int? = nil

@@ -25,7 +25,7 @@ struct Batch {
         InputList(entries: m.files.enumerated().map { i, f in
             InputList.Entry(url: f.mirrors[0].url, name: f.name, line: i + 1,
                             checksum: f.strongestHash.map { ExpectedDigest(source: "the Metalink file", algorithm: $0.algorithm, bytes: $0.bytes) },
-                            mirrors: f.mirrors.dropFirst().map(\.url), pieces: f.pieces)
+                            mirrors: f.mirrors.dropFirst().map(\.url), pieces: f.pieces, length: f.size)
         })
     }
 
@@ -36,6 +36,7 @@ struct Batch {
             return ExitCode(code)
         }
         var list: InputList
+        var parsed = document
         if let document {
             list = Self.entries(document)
         } else if metalink {
@@ -51,7 +52,9 @@ struct Batch {
                 throw fail("cannot read the Metalink file \(inputFile)", Exit.usage)
             }
             do {
-                list = Self.entries(try Metalink.parse(Array(data)))
+                let doc = try Metalink.parse(Array(data))
+                parsed = doc
+                list = Self.entries(doc)
             } catch {
                 throw fail("\(inputFile): \(error)", Exit.usage)
             }
@@ -66,6 +69,11 @@ struct Batch {
             }
         }
         if list.entries.isEmpty { throw fail("\(inputFile) lists no URL", Exit.usage) }
+        // A document's hashes are never dropped in silence: a file whose hashes cannot be checked
+        // is not downloaded as if it had none.
+        if let f = parsed?.files.first(where: { $0.uncheckable != nil }), let why = f.uncheckable {
+            throw fail("the Metalink document's \(f.name): \(why)", Exit.verification)
+        }
 
         let cwd = FilePath(FileManager.default.currentDirectoryPath)
         var outDir = cwd.pushing(FilePath(get.dir ?? ".")).lexicallyNormalized()
@@ -110,7 +118,7 @@ struct Batch {
                 options.headers += e.headers
                 return NewDownload(url: e.url, to: e.name.map { .file(outDir.appending($0)) } ?? .directory(outDir),
                                    checksum: e.checksum, overwrite: get.overwrite, options: options, mirrors: e.mirrors,
-                                   pieces: e.pieces)
+                                   pieces: e.pieces, length: e.length)
             })
         } catch {
             if let e = error as? PickupError { throw fail("\(e)", Get.code(for: e)) }

@@ -241,9 +241,9 @@ struct EngineFlags: ParsableArguments {
     var maxSize: String?
 
     func validate() throws {
-        if !(stallTimeout > 0) { throw ValidationError("--stall-timeout must be positive") }
+        if !Seconds.isValid(stallTimeout) { throw ValidationError("--stall-timeout must be a number of seconds above 0, at most 86400") }
         if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
-        if retries < 0 { throw ValidationError("--retries must not be negative") }
+        if !(0...1000).contains(retries) { throw ValidationError("--retries must be 0 to 1000") }
         do throws(PickupError) {
             _ = try ProxyRules.resolve(proxy: proxy, noProxy: noproxy, tunnel: proxytunnel, environment: ProcessInfo.processInfo.environment)
         } catch {

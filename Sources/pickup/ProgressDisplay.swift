@@ -49,7 +49,7 @@ final class ProgressDisplay: @unchecked Sendable {
     }
 
     static func duration(_ s: Double) -> String {
-        let t = Int(s.rounded())
+        let t = Int(Seconds.clamped(s).rounded())
         if t >= 3600 { return "\(t / 3600)h\(String(format: "%02d", t % 3600 / 60))m" }
         if t >= 60 { return "\(t / 60)m\(String(format: "%02d", t % 60))s" }
         return "\(t)s"

@@ -98,6 +98,40 @@ struct ServeProcess {
         await server.stop()
     }
 
+    /// A download running each of the last two times the daemon died (SIGKILL here; a trap in the
+    /// review's case) starts paused, saying why, and the rest of the queue runs: no crash loop.
+    @Test func aDownloadRunningAtTwoDeathsStartsPausedAndTheQueueRuns() async throws {
+        let server = try await TestServer.start()
+        let root = TempDir(), state = TempDir()
+        server.set("/loop.bin", Resource(body: Resource.bytes(count: 1 << 20, seed: 8), faults: [.stallAfter(1000)]))
+        let body = Resource.bytes(count: 300_000, seed: 9)
+        server.set("/ok.bin", Resource(body: body))
+        var asked = 0
+        for round in 0..<2 {
+            let daemon = try await ServeProcess.start(root: root, state: state, ["--stall-timeout", "600"])
+            defer { daemon.stopIfRunning() }
+            if round == 0 { _ = try await daemon.client.add(APIAddRequest(url: server.url("/loop.bin"), name: "loop.bin")) }
+            let before = asked
+            #expect(await CLI.eventually { server.requests("/loop.bin").count > before }, "round \(round): the download did not run")
+            asked = server.requests("/loop.bin").count
+            #expect(daemon.signal(SIGKILL) == .uncaughtSignal)
+        }
+        let third = try await ServeProcess.start(root: root, state: state, ["--stall-timeout", "600"])
+        defer { third.stopIfRunning() }
+        let held = try #require(try await third.client.list().first { $0.name == "loop.bin" })
+        #expect(held.state == "paused")
+        #expect(held.error?.message.contains("twice") == true, "\(String(describing: held.error))")
+        _ = try await third.client.add(APIAddRequest(url: server.url("/ok.bin"), name: "ok.bin"))
+        try await third.waitUntil { $0.contains { $0.name == "ok.bin" && $0.state == "completed" } }
+        #expect(root.read("ok.bin") == body)
+        #expect(server.requests("/loop.bin").count == asked, "the held download ran again")
+        // The user may try it again: resumed, it runs.
+        _ = try await third.client.resume(held.id)
+        #expect(await CLI.eventually { server.requests("/loop.bin").count > asked })
+        #expect(third.signal(SIGTERM) == .exit)
+        await server.stop()
+    }
+
     /// SIGTERM: every download is checkpointed, the process exits 0 and removes its address
     /// file; the next start resumes from the checkpoint.
     @Test func sigtermCheckpointsAndExitsCleanly() async throws {

@@ -89,17 +89,27 @@ import TestServer
 
 /// Secrets given on the command line are not left for `ps` to show.
 @Suite(.serialized) struct ArgumentSecretTests {
-    @Test func secretsAreOverwrittenInTheProcessArguments() async throws {
+    /// The forms of the same secrets a first scrubber missed: short options grouped after another
+    /// (`-qu`, `-qH`) and a proxy written without a scheme (`--proxy=user:password@host:port`).
+    static let spellings: [[String]] = [
+        ["-u", "alice:TopSecret1", "-H", "X-Token: HeaderSecret3", "--cookie=session=CookieSecret4",
+         "--proxy", "http://pu:ProxySecret5@127.0.0.1:1", "-q"],
+        ["-qu", "alice:TopSecret1", "-qH", "X-Token: HeaderSecret3", "-qb", "session=CookieSecret4",
+         "--proxy=pu:ProxySecret5@127.0.0.1:1"],
+        ["-u", "alice:TopSecret1", "-qH", "X-Token: HeaderSecret3", "--cookie", "session=CookieSecret4",
+         "--proxy", "pu:ProxySecret5@127.0.0.1:1"],
+    ]
+
+    @Test(arguments: 0..<spellings.count)
+    func secretsAreOverwrittenInTheProcessArguments(spelling: Int) async throws {
         let server = try await TestServer.start()
         // The server sends 1,000 bytes and then nothing: the process waits (its stall timeout is
         // ten minutes) until the test has read its arguments and kills it, however loaded the machine.
         server.set("/p.bin", Resource(body: Resource.bytes(count: 1 << 20), faults: [.stallAfter(1000)]))
         let dir = TempDir(), state = TempDir()
         let url = server.url("/p.bin").replacingOccurrences(of: "http://", with: "http://urluser:UrlSecret2@")
-        let p = try CLI.start(["get", url, "-o", dir.file("p.bin").string, "-u", "alice:TopSecret1",
-                               "-H", "X-Token: HeaderSecret3", "--cookie=session=CookieSecret4",
-                               "--proxy", "http://pu:ProxySecret5@127.0.0.1:1", "--noproxy", "127.0.0.1", "-q",
-                               "-x", "1", "--stall-timeout", "600"], state: state.path)
+        let p = try CLI.start(["get", url, "-o", dir.file("p.bin").string] + Self.spellings[spelling]
+                              + ["--noproxy", "127.0.0.1", "-x", "1", "--stall-timeout", "600"], state: state.path)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
         // Once the request is made, the arguments were parsed long before.
         #expect(await CLI.eventually { !server.requests("/p.bin").isEmpty || !p.isRunning })

@@ -172,6 +172,13 @@ struct TortureTests {
             case .weakETagOnly: r.etag = "W/\"v\(version)\""
             case .none: break
             }
+            // A third of the trials get hostile numbers in fields every response carries (a year of
+            // 15 digits in a cookie's expiry, a Retry-After date past any calendar): they must be
+            // no dates, not a trap. (Drawn from the seed, not the generator: fixed seeds replay as found.)
+            if seed % 3 == 0 {
+                r.headers["Set-Cookie"] = "t=\(seed); Expires=Sunday, 06-Nov-999999999999999 08:49:37 GMT; Max-Age=99999999999999999999"
+                r.headers["Retry-After"] = "Sun Nov  6 08:49:37 999999999999999"
+            }
             switch behaviour {
             case .loadBalanced: r.backendETags = ["\"v\(version)-a\"", "\"v\(version)-b\"", "\"v\(version)-c\""]
             case .slowFirstByte: r.firstByteDelay = 0.4

@@ -133,6 +133,9 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
             if total > maxSize { throw tooLarge() }
         default: break
         }
+        if let expected = download.request.length, d.writes {
+            try download.checkLength(of: d, expected: expected, source: source)
+        }
         if let (cursor, start, end) = try download.beginWriting(decision: d, head: head, context: context, cursor: cursor,
                                                                      latency: Clock.monotonic() - sent, connection: connection,
                                                                      source: source) {

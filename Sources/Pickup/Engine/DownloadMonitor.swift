@@ -52,7 +52,7 @@ final class DownloadMonitor: @unchecked Sendable {
     private func loop(_ current: Int) async {
         while true {
             let step = lock.withLock { fast ? ConnectionTuner.step : interval }
-            try? await Task.sleep(nanoseconds: UInt64(step * 1e9))
+            try? await Task.sleep(nanoseconds: Seconds.nanoseconds(step))
             let list: [FileDownload]? = lock.withLock {
                 guard generation == current else { return nil }
                 if members.isEmpty {

@@ -42,6 +42,10 @@ public struct DownloadRequest: Sendable {
     /// Piece hashes (from a Metalink file): each piece is checked as it completes; a source that
     /// sends bad ones is dropped, and a bad piece is fetched again from another source.
     public var pieces: Metalink.Pieces?
+    /// The file's length as a Metalink document gives it: a source that announces another length
+    /// (or none) is not this file and is retired; with no other source the download fails
+    /// (``PickupError/verification(_:)``). Piece hashes that do not cover it fail the download.
+    public var length: Int64?
     /// When the URL answers with a Metalink document (`Content-Type: application/metalink4+xml`)
     /// on a download that holds nothing yet, the document is read (bounded, never saved) and the
     /// download ends with ``DownloadOutcome/metalink`` and ``DownloadResult/metalink``, for the
@@ -52,8 +56,10 @@ public struct DownloadRequest: Sendable {
     public init(
         url: String, destination: Destination, checksum: ExpectedDigest? = nil, overwrite: Bool = false,
         restart: Bool = false, limiters: [RateLimiter] = [], connections: Int? = nil, root: FilePath? = nil,
-        options: RequestOptions = RequestOptions(), mirrors: [String] = [], pieces: Metalink.Pieces? = nil
+        options: RequestOptions = RequestOptions(), mirrors: [String] = [], pieces: Metalink.Pieces? = nil,
+        length: Int64? = nil
     ) {
+        self.length = length
         self.mirrors = mirrors
         self.pieces = pieces
         self.root = root

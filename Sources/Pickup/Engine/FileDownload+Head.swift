@@ -129,6 +129,26 @@ extension FileDownload {
         }
     }
 
+    /// A source whose answer announces another length than the one the request gives (a Metalink
+    /// document's `size`) is not this file, whatever answered first: it is retired while another
+    /// source is live (``SourceRejected``), else the download fails. Never trusted over the length.
+    func checkLength(of decision: ResponseDecision, expected: Int64, source: Int) throws {
+        let announced: Int64?
+        switch decision {
+        case .append(_, _, let total, _), .replace(let total, _): announced = total
+        default: return
+        }
+        guard announced != expected else { return }
+        let why = announced.map { "it announces \($0) bytes, the Metalink document \(expected)" }
+            ?? "it announces no length, the Metalink document \(expected) bytes"
+        let (notice, url) = lock.withLock { (state.retireOtherFile(source, why: why), state.sources.url(source)) }
+        guard let notice else {
+            throw PickupError.verification("\(DownloadURL.redacted(url)) is not the file the Metalink document describes: \(why)")
+        }
+        if !notice.isEmpty { onEvent(.notice(notice)) }  // (empty: another connection retired it)
+        throw SourceRejected(reason: why)
+    }
+
     /// Why a 206 from `source` cannot be part of this file when there are several sources: another
     /// complete length, or validators that differ from that source's earlier answers. With `lock` held.
     func disagreement(source: Int, total: Int64?, validators: Validators) -> String? {

@@ -9,6 +9,12 @@ extension FileDownload {
         return count == Int64(pieces.hashes.count) ? Int(count) : nil
     }
 
+    /// Why piece hashes cannot check a file of `total` bytes.
+    static func uncheckablePieces(_ pieces: Metalink.Pieces, total: Int64) -> String {
+        "the \(pieces.hashes.count) piece hashes of \(pieces.length) bytes describe another length than the file's \(total) bytes; "
+            + "it cannot be checked"
+    }
+
     /// Piece `k`'s bytes (no sum past the length: it may be near Int64.max).
     static func piece(_ k: Int, of pieces: Metalink.Pieces, total: Int64) -> (start: Int64, end: Int64) {
         let a = Int64(k) * pieces.length
@@ -110,8 +116,8 @@ extension FileDownload {
         try checkpointNow()
         guard let total = lock.withLock({ record.totalLength }), total > 0, pieces.length > 0 else { return true }
         guard let count = Self.pieceCount(pieces, total: total) else {
-            onEvent(.notice("the piece hashes describe another length than the file's \(total) bytes; pieces are not checked"))
-            return true
+            // Hashes are never dropped in silence: what cannot be checked is not taken as checked.
+            throw PickupError.verification(Self.uncheckablePieces(pieces, total: total))
         }
         // (A check running as pieces complete records nothing from now on: `seal`.)
         let (bad, counted) = try ioLock.withLock { () throws -> ([(start: Int64, end: Int64)], [(start: Int64, end: Int64)]) in

@@ -138,7 +138,7 @@ extension FileDownload {
                 // Endgame: out of work while other ranges are still running; wait until one of
                 // them could count as stalled and ask again (cancelled when every byte is held).
                 while cursor == nil, let wait = endgameWait(id) {
-                    try await Task.sleep(nanoseconds: UInt64(wait * 1e9))
+                    try await Task.sleep(nanoseconds: Seconds.nanoseconds(wait))
                     cursor = assign(id)
                 }
             }
@@ -484,7 +484,7 @@ extension FileDownload {
             }
             checkpointSoon()
             onEvent(.notice("\(failure); retrying in \(String(format: "%.1f", delay)) s"))
-            try await Task.sleep(nanoseconds: UInt64(delay * 1e9))
+            try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay))
         }
     }
 

@@ -92,6 +92,9 @@ final class FileDownload: @unchecked Sendable {
 
     init(request: DownloadRequest, options: DownloadOptions, transport: any Transport, monitor: DownloadMonitor? = nil,
          onEvent: @escaping @Sendable (DownloadEvent) -> Void) throws(PickupError) {
+        if let length = request.length, let pieces = request.pieces, length < 0 || Self.pieceCount(pieces, total: length) == nil {
+            throw .verification(Self.uncheckablePieces(pieces, total: length))
+        }
         self.request = request
         self.options = options
         self.transport = transport

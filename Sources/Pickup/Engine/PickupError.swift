@@ -83,7 +83,7 @@ extension TransportError {
 
     /// `15 s`, `0.5 s`.
     static func seconds(_ s: Double) -> String {
-        s == s.rounded() && s < 1e9 ? "\(Int(s)) s" : String(format: "%.1f s", s)
+        s == s.rounded() && s.magnitude < 1e9 ? "\(Int(s)) s" : String(format: "%.1f s", s)
     }
 
     /// In words.

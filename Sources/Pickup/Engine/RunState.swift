@@ -131,6 +131,14 @@ struct RunState {
         return notice
     }
 
+    /// Source `i` is known not to be this file (another length than the request gives): retired
+    /// while another source is live, whether or not one has answered yet. Nil when it is the last.
+    mutating func retireOtherFile(_ i: Int, why: String) -> String? {
+        guard let notice = sources.retireOtherFile(i, why: why) else { return nil }
+        if i > 0 { checkpoints.update { r in if r.mirrors?.indices.contains(i - 1) == true { r.mirrors![i - 1].rejected = why } } }
+        return notice
+    }
+
     /// A mirror named along the way (`Link: rel=duplicate`) becomes a source.
     mutating func addMirror(_ url: String, connections: Int) {
         guard sources.add(url, connections: connections) != nil else { return }

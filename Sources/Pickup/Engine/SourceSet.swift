@@ -228,6 +228,15 @@ struct SourceSet: Equatable {
         return "mirror \(DownloadURL.redacted(sources[source].url)) retired: \(why)"
     }
 
+    /// `source` is known not to be this file (another length than the request's): retired while
+    /// any other source is live, however that one has fared. Nil when it is the last live one.
+    mutating func retireOtherFile(_ source: Int, why: String) -> String? {
+        guard sources[source].retired == nil else { return "" }
+        guard live.contains(where: { $0 != source }) else { return nil }
+        sources[source].retired = why
+        return "mirror \(DownloadURL.redacted(sources[source].url)) retired: \(why)"
+    }
+
     /// A piece `source` sent failed its hash: counted; returns whether it has sent
     /// ``badPiecesToRetire`` (then it should be rejected).
     mutating func badPiece(_ source: Int) -> Bool {

@@ -37,7 +37,7 @@ final class FTPTransport: Sendable {
 
     init(loops: [any EventLoop], connectTimeout: Double, replyTimeout: TimeAmount, budget: ReadBudget, tls: TLSConfiguration) {
         self.loops = loops
-        self.connectTimeout = .milliseconds(Int64(connectTimeout * 1000))
+        self.connectTimeout = Seconds.timeAmount(connectTimeout)
         self.replyTimeout = replyTimeout
         self.budget = budget
         self.tls = tls
@@ -560,7 +560,7 @@ final class FTPDataHandler: ChannelInboundHandler, RemovableChannelHandler {
             received += Int64(take)
             if received >= limit { return finish(nil) }
             if seconds > 0, pause == nil, let context {
-                pause = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(Int64(min(seconds, 86400) * 1e9))) { [weak self] in
+                pause = context.eventLoop.assumeIsolated().scheduleTask(in: Seconds.timeAmount(min(seconds, 86400))) { [weak self] in
                     self?.pause = nil
                     self?.lastRead = .now()
                     self?.context?.read()

@@ -145,8 +145,10 @@ public enum SafeFileName {
         while let f = name.first, f == "." || f == " " { name = name.dropFirst() }
         while let l = name.last, l == "." || l == " " { name = name.dropLast() }
         guard !name.isEmpty else { return nil }
-        if isHelperName(String(name)) { name.append("_") }
-        return truncate(String(name), maxBytes: maxBytes - 8)
+        // Shortened first, then checked: a shortened name can end like a helper file's.
+        var short = truncate(String(name), maxBytes: maxBytes - 8)
+        if isHelperName(short) { short.append("_") }
+        return short
     }
 
     static func truncate(_ name: String, maxBytes: Int) -> String {
@@ -158,7 +160,9 @@ public enum SafeFileName {
             if out.utf8.count + String(ch).utf8.count + keepExt.utf8.count > maxBytes { break }
             out.append(ch)
         }
-        return out + keepExt
+        // A cut can leave a name ending like a helper file's: its last character is replaced.
+        let cut = out + keepExt
+        return isHelperName(cut) ? String(cut.dropLast()) + "_" : cut
     }
 
     /// Splits `name.ext` into `name` and `.ext` (the extension may be empty).

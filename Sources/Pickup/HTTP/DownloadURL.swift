@@ -25,11 +25,38 @@ public enum DownloadURL {
             ["http", "https", "ftp", "ftps"].contains(scheme), url.contains("://")
         else { throw .invalidInput("not an http, https or ftp URL: \(shown)") }
         guard let host = parsed.host, !host.isEmpty else { throw .invalidInput("the URL has no host: \(shown)") }
-        if let port = parsed.port, !(1...65535).contains(port) {
-            throw .invalidInput("port \(port) is out of range (1 to 65535): \(shown)")
+        // Foundation gives no port for one past Int's range (`:99999999999999999999`), and the
+        // request would then go to the scheme's default port: the port is read from the text too.
+        switch portText(url) {
+        case .none: break
+        case .some(let text) where text.isEmpty: break  // `host:/` is the default port (RFC 3986 §3.2.3)
+        case .some(let text):
+            let digits = text.drop(while: { $0 == UInt8(ascii: "0") })
+            guard text.allSatisfy({ (0x30...0x39).contains($0) }), digits.count <= 5,
+                let port = Int(String(decoding: digits, as: UTF8.self)), (1...65535).contains(port),
+                parsed.port == port
+            else { throw .invalidInput("the port is not one from 1 to 65535: \(shown)") }
         }
         if host.utf8.count > 253 + 2 { throw .invalidInput("the host name is too long: \(shown)") }
         return parsed
+    }
+
+    /// The text after the authority's port colon (without user information; after an IPv6
+    /// literal's `]`), or nil when the authority names no port.
+    static func portText(_ url: String) -> ArraySlice<UInt8>? {
+        let bytes = Array(url.utf8)
+        guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")), bytes[colon...].starts(with: Array("://".utf8)) else { return nil }
+        let start = colon + 3
+        let end = bytes[start...].firstIndex(where: { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") })
+            ?? bytes.endIndex
+        var hostStart = start
+        if let at = bytes[start..<end].lastIndex(of: UInt8(ascii: "@")) { hostStart = at + 1 }
+        if hostStart < end, bytes[hostStart] == UInt8(ascii: "[") {
+            guard let close = bytes[hostStart..<end].firstIndex(of: UInt8(ascii: "]")) else { return nil }
+            hostStart = close
+        }
+        guard let portColon = bytes[hostStart..<end].lastIndex(of: UInt8(ascii: ":")) else { return nil }
+        return bytes[(portColon + 1)..<end]
     }
 
     /// Whether `host` (without brackets) is an IP address literal (IPv4 dotted, or IPv6): no

@@ -67,7 +67,9 @@ public enum HTTPDate {
     static let monthKeys: [Int] = months.map { name in name.utf8.reduce(0) { $0 << 8 | Int($1) } }
 
     /// Formats seconds since the epoch as an IMF-fixdate.
+    /// Seconds outside the years an HTTP-date may name are clamped to them.
     public static func format(_ seconds: Int64) -> String {
+        let seconds = min(max(seconds, -11_644_473_600), 253_402_300_799)  // 1601-01-01 to 9999-12-31
         let days = seconds >= 0 ? seconds / 86400 : (seconds - 86399) / 86400
         let secs = seconds - days * 86400
         let (y, m, d) = civil(fromDays: days)
@@ -88,8 +90,12 @@ public enum HTTPDate {
         return h * 3600 + m * 60 + sec
     }
 
+    /// The years an HTTP-date may name here: a server's date outside them is no date (a year of 15
+    /// digits overflowed the day count and trapped), so every date is within ±2^38 seconds.
+    static let years = 1601...9999
+
     static func epoch(year: Int, month: Int, day: Int, time: Int64) -> Int64? {
-        guard (1...31).contains(day), year >= 1600 else { return nil }
+        guard (1...31).contains(day), years.contains(year), (1...12).contains(month) else { return nil }
         return days(year: Int64(year), month: Int64(month), day: Int64(day)) * 86400 + time
     }
 
@@ -124,7 +130,9 @@ public enum RetryAfter {
     public static func seconds(_ value: String, now: Int64) -> Int64? {
         let v = Substring(value).trimmingSpaces
         if !v.isEmpty, v.allSatisfy({ $0.isASCII && $0.isNumber }) {
-            return Int64(v.prefix(12)) ?? nil
+            // Leading zeros are no reason to refuse; twelve digits (31,000 years) bound the rest.
+            let digits = v.drop(while: { $0 == "0" })
+            return digits.count > 12 ? 999_999_999_999 : Int64(digits.isEmpty ? "0" : String(digits))
         }
         guard let date = HTTPDate.parse(String(v)) else { return nil }
         return max(0, date - now)

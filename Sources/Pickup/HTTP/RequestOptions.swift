@@ -184,7 +184,7 @@ public struct Cookie: Sendable, Codable, Equatable {
             case "secure":
                 cookie.secure = true
             case "max-age" where kv.count == 2:
-                if let s = Int64(kv[1]) { cookie.expires = s <= 0 ? 0 : now.addingReportingOverflow(s).partialValue }
+                if let s = Int64(kv[1]) { cookie.expires = s <= 0 ? 0 : (s > Int64.max - max(now, 0) ? Int64.max : max(now, 0) + s) }
             case "expires" where kv.count == 2 && cookie.expires == nil:
                 cookie.expires = HTTPDate.parse(kv[1])
             default:

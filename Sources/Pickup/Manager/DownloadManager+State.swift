@@ -82,7 +82,7 @@ extension DownloadManager {
         let interval = configuration.progressInterval
         ticker = Task {
             while !Task.isCancelled {
-                try? await Task.sleep(nanoseconds: UInt64(interval * 1e9))
+                try? await Task.sleep(nanoseconds: Seconds.nanoseconds(interval))
                 if !self.tick() { break }
             }
         }
@@ -141,7 +141,7 @@ extension DownloadManager {
     static func request(for info: DownloadInfo, root: FilePath?) -> DownloadRequest {
         DownloadRequest(url: info.url, destination: info.destination, checksum: info.checksum, overwrite: info.overwrite,
                         connections: info.connections, root: root, options: info.options, mirrors: info.mirrors,
-                        pieces: info.pieces)
+                        pieces: info.pieces, length: info.length)
     }
 
     /// A destination with an absolute path, so that it means the same after a restart elsewhere.

@@ -57,6 +57,10 @@ public actor DownloadManager {
         /// `transport`'s proxies, so that no one can route another's credentials through a proxy of
         /// their choosing.
         public var untrustedProxies: ProxyRules?
+        /// Restore paused (with a failure saying why) a download that was running each of the
+        /// last two times the process died without shutting the manager down: one download cannot
+        /// put an app or a daemon in a crash loop (see `CrashGuard`).
+        public var crashGuard = true
 
         /// A configuration with its state in `stateDirectory`.
         public init(stateDirectory: FilePath) { self.stateDirectory = stateDirectory }
@@ -122,6 +126,8 @@ public actor DownloadManager {
     var totalsDirty = true
     /// The last fraction reported, kept while the set of downloads is the same (see ``ManagerTotals/fraction``).
     var floorFraction: Double = 0
+    /// The log of what runs, for the next start to tell a crash loop (nil: off or unusable).
+    let crashGuard: CrashGuard?
 
     // MARK: - Life
 
@@ -165,9 +171,18 @@ public actor DownloadManager {
         self.maxConcurrent = max(1, configuration.maxConcurrentDownloads)
         self.startsAll = configuration.startsAllAtOnce
         self.started = configuration.autoStart
+        let (crashGuard, suspects) = configuration.crashGuard ? CrashGuard.start(in: dir) : (nil, [])
+        self.crashGuard = crashGuard
+        var held: [DownloadRow] = []
         for row in rows {
             var info = row.info
-            // A download that was running when the last process ended waits to be started again.
+            // A download that was running when the last process ended waits to be started again,
+            // unless it was running at each of the last two deaths: then it waits for the user.
+            if suspects.contains(info.id.rawValue), info.state == .running || info.state == .waiting {
+                info.state = .paused
+                info.failure = DownloadFailure(category: .interrupted, reason: CrashGuard.reason)
+                held.append(DownloadRow(info: info, place: row.place))
+            }
             if info.state == .running { info.state = .waiting }
             if !info.state.isFinal || info.state == .failed {
                 let held = Downloader.partialProgress(of: Self.request(for: info, root: configuration.root))
@@ -180,6 +195,7 @@ public actor DownloadManager {
             queue.add(info.id, state: info.state, priority: info.priority, place: row.place)
         }
         sortedIDs = infos.keys.sorted()
+        if !held.isEmpty { store.update(held) }
         if configuration.autoStart {
             Task { await self.schedule() }
         }
@@ -219,6 +235,7 @@ public actor DownloadManager {
             run.task.cancel()
         }
         for run in runs.values { await run.task.value }
+        crashGuard?.clean()
         await downloader.shutdown()
         await trustedDownloader?.shutdown()
         for d in retiredDownloaders.values { await d.shutdown() }
@@ -274,7 +291,7 @@ public actor DownloadManager {
                 progress: DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0), path: nil, failure: nil,
                 speedLimit: item.speedLimit, checksum: item.checksum, overwrite: item.overwrite,
                 connections: item.connections, addedAt: now, finishedAt: nil, options: item.options,
-                mirrors: item.mirrors, pieces: item.pieces)
+                mirrors: item.mirrors, pieces: item.pieces, length: item.length)
             fresh.append((i, DownloadRow(info: info, place: place)))
             place += 1
         }
@@ -644,6 +661,7 @@ public actor DownloadManager {
         guard let info = infos[id] else { return }
         // Not saved: "waiting" and "running" rows both mean "should run", and restore the same way.
         update(id) { $0.state = .running; $0.failure = nil; $0.finishedAt = nil }
+        crashGuard?.running(id.rawValue)  // before a byte of it runs
         emitChanged(id)
         var request = Self.request(for: info, root: configuration.root)
         request.limiters = [globalLimiter] + (limiters[id].map { [$0] } ?? [])
@@ -674,6 +692,7 @@ public actor DownloadManager {
     private func finished(_ id: DownloadID, _ result: Result<DownloadResult, PickupError>) {
         let run = running.removeValue(forKey: id)
         let intent = stopping.removeValue(forKey: id)
+        crashGuard?.ended(id.rawValue)
         drain(id, run?.box)
         guard let info = infos[id] else {
             // Cancelled or removed while running: now that nothing writes them, drop the bytes.

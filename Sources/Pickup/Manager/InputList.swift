@@ -27,9 +27,12 @@ public struct InputList: Sendable, Equatable {
         public var mirrors: [String] = []
         /// Piece hashes (a Metalink file's).
         public var pieces: Metalink.Pieces?
+        /// The file's length (a Metalink file's `size`).
+        public var length: Int64?
 
         public init(url: String, name: String? = nil, line: Int, headers: [RequestHeader] = [], checksum: ExpectedDigest? = nil,
-                    mirrors: [String] = [], pieces: Metalink.Pieces? = nil) {
+                    mirrors: [String] = [], pieces: Metalink.Pieces? = nil, length: Int64? = nil) {
+            self.length = length
             self.mirrors = mirrors
             self.pieces = pieces
             self.url = url

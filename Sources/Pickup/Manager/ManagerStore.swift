@@ -35,6 +35,8 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
     struct Sources: Codable {
         var mirrors: [String]
         var pieces: Metalink.Pieces?
+        /// A Metalink file's length (absent in rows written before it was kept).
+        var length: Int64?
     }
 
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
@@ -65,8 +67,8 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
         addedAt = info.addedAt.timeIntervalSince1970
         finishedAt = info.finishedAt?.timeIntervalSince1970
         request = info.options.isEmpty ? nil : (try? JSONEncoder().encode(info.options)).map { String(decoding: $0, as: UTF8.self) }
-        sources = info.mirrors.isEmpty && info.pieces == nil ? nil
-            : (try? JSONEncoder().encode(Sources(mirrors: info.mirrors, pieces: info.pieces))).map { String(decoding: $0, as: UTF8.self) }
+        sources = info.mirrors.isEmpty && info.pieces == nil && info.length == nil ? nil
+            : (try? JSONEncoder().encode(Sources(mirrors: info.mirrors, pieces: info.pieces, length: info.length))).map { String(decoding: $0, as: UTF8.self) }
     }
 
     var info: DownloadInfo {
@@ -85,7 +87,7 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
             connections: connections,
             addedAt: Date(timeIntervalSince1970: addedAt), finishedAt: finishedAt.map(Date.init(timeIntervalSince1970:)),
             options: request.flatMap { try? JSONDecoder().decode(RequestOptions.self, from: Data($0.utf8)) } ?? RequestOptions(),
-            mirrors: more?.mirrors ?? [], pieces: more?.pieces)
+            mirrors: more?.mirrors ?? [], pieces: more?.pieces, length: more?.length)
     }
 }
 

@@ -94,6 +94,8 @@ public struct DownloadInfo: Sendable, Equatable, Identifiable {
     public var mirrors: [String] = []
     /// Piece hashes (``DownloadRequest/pieces``).
     public var pieces: Metalink.Pieces? = nil
+    /// The file's length from a Metalink document (``DownloadRequest/length``).
+    public var length: Int64? = nil
 }
 
 /// Sums over every download of a manager.
@@ -193,11 +195,15 @@ public struct NewDownload: Sendable {
     public var mirrors: [String]
     /// Piece hashes, from a Metalink file (kept across restarts).
     public var pieces: Metalink.Pieces?
+    /// The file's length, from a Metalink file (``DownloadRequest/length``; kept across restarts).
+    public var length: Int64?
 
     /// A download to add.
     public init(url: String, to destination: Destination, priority: Int = 0, checksum: ExpectedDigest? = nil,
                 overwrite: Bool = false, speedLimit: Int64? = nil, paused: Bool = false, connections: Int? = nil,
-                options: RequestOptions = RequestOptions(), mirrors: [String] = [], pieces: Metalink.Pieces? = nil) {
+                options: RequestOptions = RequestOptions(), mirrors: [String] = [], pieces: Metalink.Pieces? = nil,
+                length: Int64? = nil) {
+        self.length = length
         self.mirrors = mirrors
         self.pieces = pieces
         self.options = options

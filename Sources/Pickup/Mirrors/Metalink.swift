@@ -82,6 +82,11 @@ public struct Metalink: Sendable, Equatable {
         public var pieces: Pieces?
         /// Sorted by priority (then as written); only http, https, ftp and ftps.
         public var mirrors: [Mirror]
+        /// Why some of the file's hashes cannot be checked (malformed piece hashes, or whole-file
+        /// hashes of no type Pickup knows and nothing else to check): such a file is not downloaded
+        /// as if it had none. Piece hashes that do not cover ``size`` are kept, and the download
+        /// refuses them (``DownloadRequest/length``).
+        public var uncheckable: String? = nil
 
         /// The strongest whole-file hash.
         public var strongestHash: Hash? { hashes.max { $0.algorithm.strength < $1.algorithm.strength } }
@@ -199,21 +204,29 @@ struct MetalinkDraft {
     var pieceAlgorithm: DigestAlgorithm?
     var pieceHashes: [[UInt8]] = []
     var pieceFailed = false
+    var sawPieces = false
+    /// `<hash>` types of the file that are not known (`sha-384`...), for the message.
+    var unknownHashTypes: [String] = []
     var mirrors: [Metalink.Mirror] = []
 
     /// The file, when it has a usable name and at least one usable URL.
     func file() -> Metalink.File? {
         guard let raw = name, let name = SafeFileName.sanitize(raw), !mirrors.isEmpty else { return nil }
         var pieces: Metalink.Pieces? = nil
+        var uncheckable: String? = nil
         if !pieceFailed, let length = pieceLength, let algorithm = pieceAlgorithm, !pieceHashes.isEmpty,
-            pieceHashes.allSatisfy({ $0.count == algorithm.byteCount }),
-            // The pieces a size needs, rounded up without `size + length - 1` (which a size near
-            // Int64.max would overflow).
-            size.map({ s in Int64(pieceHashes.count) == s / length + (s % length == 0 ? 0 : 1) }) ?? true
+            pieceHashes.allSatisfy({ $0.count == algorithm.byteCount })
         {
+            // Kept even when they do not cover the size: the download says so (never a silent drop).
             pieces = Metalink.Pieces(length: length, algorithm: algorithm, hashes: pieceHashes)
+        } else if sawPieces {
+            uncheckable = "its piece hashes cannot be checked (a length, a known type and well-formed hashes are needed)"
         }
-        return Metalink.File(name: name, size: size, hashes: hashes, pieces: pieces, mirrors: Metalink.Mirror.byPriority(mirrors))
+        if hashes.isEmpty, !unknownHashTypes.isEmpty {
+            uncheckable = "its hashes are of types Pickup cannot check (\(unknownHashTypes.prefix(4).joined(separator: ", ")))"
+        }
+        return Metalink.File(name: name, size: size, hashes: hashes, pieces: pieces, mirrors: Metalink.Mirror.byPriority(mirrors),
+                             uncheckable: uncheckable)
     }
 }
 
@@ -252,6 +265,7 @@ final class MetalinkReader: NSObject, XMLParserDelegate {
             guard files.count < Metalink.maxFiles else { return stop(parser, "names more than \(Metalink.maxFiles) files") }
             current = MetalinkDraft(name: attributeDict["name"])
         case ("file"?, "pieces"):
+            current?.sawPieces = true
             current?.pieceLength = attributeDict["length"].flatMap { Int64($0) }.flatMap { $0 > 0 ? $0 : nil }
             current?.pieceAlgorithm = attributeDict["type"].flatMap(DigestAlgorithm.init(name:))
             if current?.pieceLength == nil || current?.pieceAlgorithm == nil { current?.pieceFailed = true }
@@ -282,6 +296,9 @@ final class MetalinkReader: NSObject, XMLParserDelegate {
                 bytes.count == algorithm.byteCount
             {
                 current?.hashes.append(Metalink.Hash(algorithm: algorithm, bytes: bytes))
+            } else if (current?.unknownHashTypes.count ?? 0) < 8 {
+                let type = String((attributes["type"] ?? "no type").unicodeScalars.filter { $0.isASCII && $0.value > 0x20 }.prefix(32))
+                current?.unknownHashTypes.append(type.isEmpty ? "no type" : type)
             }
         case ("pieces"?, "hash"):
             guard (current?.pieceHashes.count ?? 0) < Metalink.maxPieces else { return stop(parser, "has more than \(Metalink.maxPieces) pieces") }

@@ -83,8 +83,8 @@ public final class HTTPClientTransport: Transport {
             tlsConfiguration: tls,
             redirectConfiguration: .disallow,
             timeout: .init(
-                connect: .milliseconds(Int64(options.connectTimeout * 1000)),
-                read: .milliseconds(Int64(options.stallTimeout * 1000))),
+                connect: Seconds.timeAmount(options.connectTimeout),
+                read: Seconds.timeAmount(options.stallTimeout)),
             connectionPool: pool,
             proxy: nil,
             decompression: .disabled)
@@ -107,7 +107,7 @@ public final class HTTPClientTransport: Transport {
         clients = NIOLockedValueBox([ClientKey(proxy: nil, patience: 0): direct])
         proxies = options.proxies
         loops = Array(direct.eventLoopGroup.makeIterator())
-        headTimeout = .milliseconds(Int64(options.headTimeout * 1000))
+        headTimeout = Seconds.timeAmount(options.headTimeout)
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
         viaProxy = ProxyTransport(loops: loops, tls: tls, connectTimeout: options.connectTimeout, headTimeout: headTimeout,
                                   budget: budget, userAgent: options.userAgent)
@@ -124,7 +124,7 @@ public final class HTTPClientTransport: Transport {
         return clients.withLockedValue { all in
             if let c = all[key] { return c }
             var c = configuration
-            c.timeout.read = .milliseconds(Int64((stallTimeout(patience: patience) ?? stallTimeout) * 1000))
+            c.timeout.read = Seconds.timeAmount(stallTimeout(patience: patience) ?? stallTimeout)
             if let proxy { c.proxy = .socksServer(host: proxy.host, port: proxy.port) }
             let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: c)
             all[key] = client
@@ -160,7 +160,7 @@ public final class HTTPClientTransport: Transport {
 
     public func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
         if let scheme = request.url.split(separator: ":", maxSplits: 1).first?.lowercased(), scheme == "ftp" || scheme == "ftps" {
-            let stall = TimeAmount.milliseconds(Int64((stallTimeout(patience: request.patience) ?? stallTimeout) * 1000))
+            let stall = Seconds.timeAmount(stallTimeout(patience: request.patience) ?? stallTimeout)
             budget.inFlight.wrappingIncrement(ordering: .relaxed)
             defer { budget.inFlight.wrappingDecrement(ordering: .relaxed) }
             do {
@@ -196,7 +196,7 @@ public final class HTTPClientTransport: Transport {
         let proxy = proxies.proxy(for: request.url)
         let patience = max(0, request.patience)
         if let proxy, proxy.kind == .http {
-            let stall = TimeAmount.milliseconds(Int64((stallTimeout(patience: patience) ?? stallTimeout) * 1000))
+            let stall = Seconds.timeAmount(stallTimeout(patience: patience) ?? stallTimeout)
             do {
                 try await viaProxy.fetch(request, headers: headers, via: proxy, tunnelAlways: proxies.tunnel, stall: stall, into: sink)
             } catch {
@@ -333,7 +333,7 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
                 // A speed limit: read nothing more until the bucket has refilled (or the request
                 // is cancelled: see ``cancelPause(on:)``).
                 if cancelled { return task.eventLoop.makeFailedFuture(CancellationError()) }
-                let timer = task.eventLoop.scheduleTask(in: .nanoseconds(Int64(min(pause, 86400) * 1e9))) {}
+                let timer = task.eventLoop.scheduleTask(in: Seconds.timeAmount(min(pause, 86400))) {}
                 self.pause = timer
                 return timer.futureResult
             }

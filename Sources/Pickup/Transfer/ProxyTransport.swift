@@ -57,7 +57,7 @@ final class ProxyTransport: Sendable {
          userAgent: String) {
         self.loops = loops
         self.tls = tls
-        self.connectTimeout = .milliseconds(Int64(connectTimeout * 1000))
+        self.connectTimeout = Seconds.timeAmount(connectTimeout)
         self.headTimeout = headTimeout
         self.budget = budget
         self.userAgent = userAgent
@@ -406,7 +406,7 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
                 if seconds > 0, pause == nil {
                     // A speed limit: read nothing more until the bucket has refilled.
                     context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
-                    pause = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(Int64(min(seconds, 86400) * 1e9))) { [weak self] in
+                    pause = context.eventLoop.assumeIsolated().scheduleTask(in: Seconds.timeAmount(min(seconds, 86400))) { [weak self] in
                         self?.endPause()
                     }
                 }
