@@ -310,3 +310,28 @@ extension AbsoluteFormTests {
         #expect(t.stallTimeout(patience: 16) == 120)
     }
 }
+
+/// Closing a TLS connection Pickup no longer wants (a range cut at the end, a finished download)
+/// sends its close_notify and does not wait for the peer's (RFC 8446 §6.1): a connection cut
+/// while nginx still sends never gets one, and swift-nio-ssl's default wait of 5 s held every
+/// exit that long. The wait is bounded to milliseconds; the benchmark measures the exit.
+@Suite(.serialized, .enabled(if: Nginx.binary != nil && FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"),
+                             "nginx or openssl missing"))
+struct TLSCloseTests {
+    @Test func cutTLSConnectionsAreClosedWithoutWaitingForThePeer() async throws {
+        #expect(HTTPClientTransport.tlsShutdownTimeout <= .milliseconds(50))
+        let site = TempDir(), keys = TempDir(), state = TempDir(), dir = TempDir()
+        let body = Resource.bytes(count: 24 << 20, seed: 44)
+        site.write("c.bin", body)
+        let (cert, key) = try makeLoopbackCertificate(in: keys)
+        let nginx = try Nginx(root: site.path.string, tls: (cert, key))
+        defer { nginx.stop() }
+        let result = try await CLI.offPool {
+            try CLI.capture(["get", nginx.baseURL + "/c.bin", "-o", dir.file("c.bin").string, "-x", "8", "--ca-certificate", cert],
+                            state: state.path)
+        }
+        #expect(result.status == 0, "\(result.err)")
+        let same = dir.read("c.bin") == body
+        #expect(same)
+    }
+}

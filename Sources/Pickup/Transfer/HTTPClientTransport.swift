@@ -70,11 +70,18 @@ public final class HTTPClientTransport: Transport {
     let maxStallTimeout: Double
     let isShutDown = ManagedAtomic(false)
 
+    /// How long closing a TLS connection waits for the peer's close_notify (ours is sent first).
+    static let tlsShutdownTimeout = TimeAmount.milliseconds(20)
+
     /// Creates a transport with its own HTTP client.
     public init(options: Options = Options()) {
         var tls = TLSConfiguration.makeClientConfiguration()
         if options.insecure { tls.certificateVerification = .none }
         if !options.extraTrustRoots.isEmpty { tls.additionalTrustRoots = options.extraTrustRoots.map { .file($0) } }
+        // Closing sends our close_notify and waits for the peer's at most this long (RFC 8446 §6.1:
+        // the side that closes need not wait for it). A connection cut while the server still
+        // sends never gets one, and swift-nio-ssl's default wait (5 s) held every exit that long.
+        tls.shutdownTimeout = Self.tlsShutdownTimeout
         var pool = HTTPClient.Configuration.ConnectionPool()
         pool.concurrentHTTP1ConnectionsPerHostSoftLimit = options.maxConnectionsPerHost
         // A refused connection should reach the engine at once, which retries with its own backoff.
