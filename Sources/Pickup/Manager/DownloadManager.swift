@@ -685,24 +685,32 @@ public actor DownloadManager {
             } catch {
                 result = .failure(error)
             }
-            self.finished(id, result)
+            if let deletion = self.finished(id, result) {
+                // Removed with its partial file while running: deleted now that nothing writes it,
+                // on the blocking-I/O pool; the freed slot is given after that.
+                _ = try? await BlockingIO.run(deletion)
+                self.schedule()
+            }
         }
         running[id] = Run(task: task, box: box, request: request)
         startTicker()
     }
 
     /// A transfer ended: record how, as its stop intent (if any) says.
-    private func finished(_ id: DownloadID, _ result: Result<DownloadResult, PickupError>) {
+    /// Returns the deletion of the partial file of a download cancelled or removed with it while
+    /// it ran (for the caller to run on the blocking-I/O pool, then to schedule).
+    private func finished(_ id: DownloadID, _ result: Result<DownloadResult, PickupError>) -> (@Sendable () -> Void)? {
         let run = running.removeValue(forKey: id)
         let intent = stopping.removeValue(forKey: id)
         drain(id, run?.box)
         guard let info = infos[id] else {
             // Cancelled or removed while running: now that nothing writes them, drop the bytes.
             if case .cancel(deletePartial: true)? = intent, case .failure = result, let run {
-                Downloader.discardPartial(of: run.request)
+                let request = run.request
+                return { Downloader.discardPartial(of: request) }
             }
             schedule()
-            return
+            return nil
         }
         switch result {
         case .success(let r):
@@ -741,5 +749,6 @@ public actor DownloadManager {
         }
         setChanged()
         schedule()
+        return nil
     }
 }
