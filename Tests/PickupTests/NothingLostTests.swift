@@ -202,4 +202,31 @@ import TestServer
         #expect(dir.read("a.bin") == body)
         #expect(dir.entries == ["a.bin"])
     }
+
+    /// `-o` where a Metalink document's file was saved (its record is under the file's own URL,
+    /// not the document's): the same command again still works; another URL that answers with a
+    /// file stops at its first answer (exit 6), writing nothing, the file as it was.
+    @Test func dashOWhereAMetalinkDocumentsFileIsFollowsTheFirstAnswer() async throws {
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let a = Resource.bytes(count: 300_000, seed: 39)
+        server.set("/m/a.bin", Resource(body: a, etag: "\"a\""))
+        server.set("/get/image", MetalinkAnswerTests.documentResource(MetalinkTests.document(files: """
+              <file name="image.bin"><url>\(server.url("/m/a.bin"))</url></file>
+            """)))
+        server.set("/other.bin", Resource(body: Resource.bytes(count: 300_000, seed: 40)))
+        let state = TempDir(), dir = TempDir()
+        let out = dir.file("image.bin").string
+        let first = try await CLI.offPool { try CLI.capture(["get", server.url("/get/image"), "-o", out, "-q"], state: state.path) }
+        #expect(first.status == 0, "\(first.err)")
+        let again = try await CLI.offPool { try CLI.capture(["get", server.url("/get/image"), "-o", out], state: state.path) }
+        #expect(again.status == 0, "\(again.err)")
+        #expect(server.requests("/m/a.bin").count == 1, "the rerun fetches nothing: \(again.err)")
+        let other = try await CLI.offPool { try CLI.capture(["get", server.url("/other.bin"), "-o", out], state: state.path) }
+        #expect(other.status == 6, "\(other.err)")
+        #expect(other.err.contains("already exists"), "\(other.err)")
+        let same = dir.read("image.bin") == a
+        #expect(same, "image.bin changed")
+        #expect(dir.entries == ["image.bin"], "\(dir.entries)")
+    }
 }
