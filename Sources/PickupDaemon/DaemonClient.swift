@@ -55,9 +55,10 @@ public struct DaemonClient: Sendable {
         try await call(.PATCH, "/downloads/\(id)", body: patch)
     }
 
-    /// Removes every download in `state` (`completed` or `failed`).
-    public func removeAll(state: String, deleteFile: Bool) async throws -> APIRemoved {
-        try await call(.DELETE, "/downloads?state=\(Self.escape(state))&deleteFile=\(deleteFile)")
+    /// Removes every download in `state` (`completed` or `failed`); their finished files only with
+    /// `deleteFile`, the failed ones' partial files only with `deletePartial`.
+    public func removeAll(state: String, deleteFile: Bool, deletePartial: Bool = false) async throws -> APIRemoved {
+        try await call(.DELETE, "/downloads?state=\(Self.escape(state))&deleteFile=\(deleteFile)&deletePartial=\(deletePartial)")
     }
 
     /// A query value, percent-encoded but for unreserved characters.
@@ -77,8 +78,10 @@ public struct DaemonClient: Sendable {
     public func pauseAll() async throws { _ = try await send(.POST, "/pause-all", body: nil) }
     public func resumeAll() async throws { _ = try await send(.POST, "/resume-all", body: nil) }
 
-    public func remove(_ id: Int64, deleteFile: Bool) async throws {
-        _ = try await send(.DELETE, "/downloads/\(id)?deleteFile=\(deleteFile)", body: nil)
+    /// Removes a download; its finished file only with `deleteFile`, an unfinished one's partial
+    /// file (and its control and cursor files) only with `deletePartial`.
+    public func remove(_ id: Int64, deleteFile: Bool, deletePartial: Bool = false) async throws {
+        _ = try await send(.DELETE, "/downloads/\(id)?deleteFile=\(deleteFile)&deletePartial=\(deletePartial)", body: nil)
     }
 
     public func settings() async throws -> APISettings { try await call(.GET, "/settings") }

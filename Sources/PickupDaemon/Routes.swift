@@ -23,8 +23,12 @@ struct Routes {
         api.patch("/downloads/{id}") { request, context in try await change(request, context) }
         api.delete("/downloads/{id}") { request, context in
             let id = try await known(context)
-            let deleteFile = try flag(request, "deleteFile")
-            do throws(PickupError) { try await manager.remove(id, deleteFile: deleteFile) } catch { throw APIError(error) }
+            // Nothing on disk goes unless asked: the finished file with deleteFile, an unfinished
+            // one's partial file (and its helpers) with deletePartial.
+            let (deleteFile, deletePartial) = (try flag(request, "deleteFile"), try flag(request, "deletePartial"))
+            do throws(PickupError) {
+                try await manager.remove(id, deleteFile: deleteFile, deletePartial: deletePartial)
+            } catch { throw APIError(error) }
             return Response(status: .noContent)
         }
         api.post("/downloads/{id}/pause") { _, context in
@@ -130,17 +134,20 @@ struct Routes {
         return JSON.response(try await download(context))
     }
 
-    /// `DELETE /downloads?state=completed` (or `failed`), `deleteFile=true` to delete the files too.
+    /// `DELETE /downloads?state=completed` (or `failed`), `deleteFile=true` to delete the finished
+    /// files too, `deletePartial=true` the failed ones' partial files.
     private func removeAll(_ request: Request) async throws -> Response {
         guard let text = request.uri.queryParameters["state"], let state = DownloadState(rawValue: String(text)),
             state == .completed || state == .failed
         else { throw APIError.badRequest("state must be completed or failed") }
-        let deleteFile = try flag(request, "deleteFile")
+        let (deleteFile, deletePartial) = (try flag(request, "deleteFile"), try flag(request, "deletePartial"))
         var removed = 0
         for info in await manager.downloads(in: state) {
             // Removed or changed meanwhile: not this call's to remove.
             guard await manager.download(info.id)?.state == state else { continue }
-            do throws(PickupError) { try await manager.remove(info.id, deleteFile: deleteFile) } catch { throw APIError(error) }
+            do throws(PickupError) {
+                try await manager.remove(info.id, deleteFile: deleteFile, deletePartial: deletePartial)
+            } catch { throw APIError(error) }
             removed += 1
         }
         return JSON.response(APIRemoved(removed: removed))

@@ -40,7 +40,10 @@ struct Get: AsyncParsableCommand {
     @Option(name: [.short, .customLong("jobs")], help: ArgumentHelp("With -i: downloads at once, 1 to 64.", valueName: "n"))
     var jobs: Int = 3
 
-    @Option(name: [.short, .customLong("output")], help: ArgumentHelp("Write exactly to this path.", valueName: "path"))
+    @Option(name: [.short, .customLong("output")], help: ArgumentHelp(
+        "Write exactly to this path. A file already there that pickup did not download from this URL is left alone and "
+            + "the download stops (exit 6) before fetching, unless --overwrite.",
+        valueName: "path"))
     var output: String?
 
     @Option(name: [.short, .customLong("dir")], help: ArgumentHelp(
@@ -64,7 +67,7 @@ struct Get: AsyncParsableCommand {
     @Flag(help: "Discard any partial download and start from zero.")
     var restart = false
 
-    @Flag(help: "Replace an existing file at the target instead of choosing a free name.")
+    @Flag(help: "Replace an existing file at the target: at -o PATH instead of stopping, with -d instead of choosing a free name.")
     var overwrite = false
 
     @Flag(name: [.short, .long], help: "Print nothing but errors.")

@@ -181,11 +181,17 @@ struct Resume: AsyncParsableCommand {
 
 struct Remove: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "rm", abstract: "Remove a download from the daemon (an unfinished one's partial bytes are deleted).")
+        commandName: "rm", abstract: "Remove a download from the daemon; its files stay on disk unless asked.",
+        discussion: """
+            An unfinished download's partial file (NAME.pickup-part, with its .pickup-ctl and .pickup-pos files) stays \
+            where it is unless --delete-partial: \
+            `pickup get` of the same URL into the same directory (or -o the same path) resumes from it.
+            """)
     @Argument(help: "The download's id.") var id: Int64?
     @Flag(help: "Remove every completed download instead (their files stay unless --delete-file).") var completed = false
-    @Flag(help: "Remove every failed download instead.") var failed = false
+    @Flag(help: "Remove every failed download instead (their partial files stay unless --delete-partial).") var failed = false
     @Flag(help: "Delete the finished file too.") var deleteFile = false
+    @Flag(help: "Delete an unfinished (or failed) download's partial file and its control files too.") var deletePartial = false
     @OptionGroup var daemonState: DaemonState
 
     func validate() throws {
@@ -195,11 +201,11 @@ struct Remove: AsyncParsableCommand {
     func run() async throws {
         let client = try Remote.client(daemonState)
         if let id {
-            try await Remote.call { try await client.remove(id, deleteFile: deleteFile) }
+            try await Remote.call { try await client.remove(id, deleteFile: deleteFile, deletePartial: deletePartial) }
             return
         }
         let state = completed ? "completed" : "failed"
-        let r = try await Remote.call { try await client.removeAll(state: state, deleteFile: deleteFile) }
+        let r = try await Remote.call { try await client.removeAll(state: state, deleteFile: deleteFile, deletePartial: deletePartial) }
         print("removed \(r.removed) \(state) download\(r.removed == 1 ? "" : "s")")
     }
 }

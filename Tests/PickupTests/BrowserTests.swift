@@ -271,4 +271,52 @@ func withBrowser(_ f: DaemonFixture, width: Int, height: Int, _ body: (Browser) 
         }
     }
 
+
+    /// Remove on an unfinished download asks first (Cancel removes nothing), keeps its partial
+    /// file unless "Delete the partial file too" is ticked, and deletes it when it is.
+    @Test(.enabled(if: Browser.driverPath != nil && Browser.chromiumPath != nil, "needs chromium and chromedriver"))
+    func removingAnUnfinishedDownloadAsksAndKeepsItsPartialFileUnlessTicked() async throws {
+        let f = try await DaemonFixture()
+        for name in ["keep.bin", "drop.bin"] {
+            f.server.set("/" + name, Resource(body: Resource.bytes(count: 3_000_000, seed: 38), bytesPerSecond: 300_000))
+        }
+        let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin"))
+        let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin"))
+        try await f.waitUntil { ($0[keep.id]?.bytesDone ?? 0) > 200_000 && ($0[drop.id]?.bytesDone ?? 0) > 200_000 }
+        _ = try await f.client.pause(keep.id)
+        _ = try await f.client.pause(drop.id)
+        try await f.waitUntil { $0[keep.id]?.state == "paused" && $0[drop.id]?.state == "paused" }
+        try await withBrowser(f, width: 412, height: 915) { browser in
+            try await browser.open(f.baseURL + "/")
+            try await browser.logIn(f.daemon.token)
+            try await browser.waitFor("the downloads on the page") { try await browser.states().count == 2 }
+            let isOpen = { try await browser.script("return document.getElementById('remove-dialog').open") as? Bool == true }
+
+            // Asked first; Cancel removes nothing.
+            try await browser.click(#"li[data-id="\#(drop.id)"] .remove"#)
+            try await browser.waitFor("the question") { try await isOpen() }
+            let text = try await browser.script("return document.getElementById('remove-text').textContent") as? String
+            #expect(text?.contains("partial file stays") == true, "\(text ?? "")")
+            #expect(try await browser.script("return document.getElementById('remove-partial').checked") as? Bool == false)
+            try await browser.click("#remove-cancel")
+            try await browser.waitFor("the question to close") { try await !isOpen() }
+
+            // Removed without ticking: the partial file stays.
+            try await browser.click(#"li[data-id="\#(keep.id)"] .remove"#)
+            try await browser.waitFor("the question") { try await isOpen() }
+            try await browser.click("#remove-confirm")
+            try await browser.waitFor("keep.bin removed") { try await f.client.list().map(\.id) == [drop.id] }
+            #expect(NothingLostTests.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
+            #expect(NothingLostTests.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-ctl"), "\(f.root.entries)")
+
+            // Ticked: the partial file and its helpers go.
+            try await browser.click(#"li[data-id="\#(drop.id)"] .remove"#)
+            try await browser.waitFor("the question") { try await isOpen() }
+            try await browser.click("#remove-partial")
+            try await browser.click("#remove-confirm")
+            try await browser.waitFor("drop.bin removed") { try await f.client.list().isEmpty }
+            try await browser.waitFor("drop.bin's partial file deleted") { NothingLostTests.helpers(of: "drop.bin", in: f.root).isEmpty }
+            #expect(NothingLostTests.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
+        }
+    }
 }

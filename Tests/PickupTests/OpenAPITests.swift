@@ -107,6 +107,12 @@ struct SchemaChecker {
                 Issue.record("\(key) is not in the document")
                 return
             }
+            // Every query parameter a call uses is documented for its operation.
+            let documentedParameters = Set((operation["parameters"] as? [[String: Any]] ?? []).compactMap { $0["name"] as? String })
+            for item in path.split(separator: "?", maxSplits: 1).dropFirst().first?.split(separator: "&") ?? [] {
+                let name = String(item.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)[0])
+                #expect(documentedParameters.contains(name), "\(key): the query parameter \(name) is not documented")
+            }
             guard let response = responses[String(r.status)] as? [String: Any] else {
                 Issue.record("\(key): status \(r.status) is not documented (\(r.body))")
                 return
@@ -160,11 +166,13 @@ struct SchemaChecker {
         try await call(.PATCH, "/settings", "/settings", body: #"{"order":"random"}"#)
         try await call(.PATCH, "/settings", "/settings", body: #"{"maxConcurrentDownloads":"4"}"#)
         try await call(.GET, "/settings", "/settings", token: false)
+        try await call(.DELETE, "/downloads/{id}", "/downloads/1?deletePartial=maybe")
         try await call(.DELETE, "/downloads/{id}", "/downloads/1?deleteFile=maybe")
         try await call(.DELETE, "/downloads/{id}", "/downloads/1?deleteFile=true")
         try await call(.DELETE, "/downloads/{id}", "/downloads/404")
         try await call(.DELETE, "/downloads", "/downloads?state=running")
-        try await call(.DELETE, "/downloads", "/downloads?state=completed&deleteFile=true")
+        try await call(.DELETE, "/downloads", "/downloads?state=failed&deletePartial=maybe")
+        try await call(.DELETE, "/downloads", "/downloads?state=completed&deleteFile=true&deletePartial=false")
 
         // The event stream: each event's data against the schema its name says.
         let eventsOp = try #require(paths["/events"]?["get"] as? [String: Any])

@@ -3,7 +3,11 @@ import SystemPackage
 
 /// Where a download goes.
 public enum Destination: Sendable, Equatable {
-    /// Exactly this path (a free name beside it if a foreign file is there and overwriting is off).
+    /// Exactly this path. A file already there that is not this URL's finished download (no
+    /// completion record of this URL for it) stops the download with ``PickupError/targetExists(_:)``
+    /// before anything is fetched, unless ``DownloadRequest/overwrite``; this URL's own finished
+    /// file is checked with the server (unchanged: nothing fetched; changed: the new version goes
+    /// beside it as `name (1).ext`, or over it with `overwrite`).
     case file(FilePath)
     /// Into this directory, under the name the server suggests (`Content-Disposition`), else the
     /// URL's last path segment, else `download`.
@@ -18,7 +22,9 @@ public struct DownloadRequest: Sendable {
     public var destination: Destination
     /// A digest the finished file must have.
     public var checksum: ExpectedDigest?
-    /// Replace an existing file at the target instead of choosing a free name.
+    /// Replace an existing file at the target: for ``Destination/file(_:)`` instead of stopping
+    /// with ``PickupError/targetExists(_:)``, in a ``Destination/directory(_:)`` instead of choosing
+    /// a free name.
     public var overwrite: Bool
     /// Throw away any partial download and start from zero.
     public var restart: Bool

@@ -69,8 +69,9 @@ public final class Downloader: Sendable {
         return (record.durableBytes, record.totalLength)
     }
 
-    /// Deletes the partial file and control file of an unfinished download of `request`. Call it
-    /// only when no run of that request is going on.
+    /// Deletes the partial file, control file and cursor file of an unfinished download of
+    /// `request` (through the directory's handle, never following a symlink). Blocking: call it
+    /// off Swift's cooperative pool, and only when no run of that request is going on.
     public static func discardPartial(of request: DownloadRequest) {
         guard let (directory, partial, control) = try? FileDownload.paths(for: request),
             let dir = try? DirectoryHandle.open(directory, under: request.root, create: false)

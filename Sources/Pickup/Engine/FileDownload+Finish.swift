@@ -5,10 +5,14 @@ import SystemPackage
 extension FileDownload {
     /// Picks the final path: the name given with `-o`, else the server's suggestion, else the
     /// URL's last segment, else `download`; a free `name (n).ext` when something is already there,
-    /// unless overwriting was asked for. Called with `lock` held.
+    /// unless overwriting was asked for. A name given with `-o` where another file than this URL's
+    /// finished download is (one that appeared since the start, or one whose run waited for the
+    /// first answer) stops the download instead: `-o` writes exactly there or nowhere. Called with
+    /// `lock` held, before any byte of the answer is written.
     func chooseTarget(head: ResponseHead?) throws {
         let raw: String
         if let fixed = fixedName {
+            if !request.overwrite, !fixedTargetIsOurs, dir.exists(fixed) { throw PickupError.targetExists(dir.pathOf(fixed).string) }
             raw = fixed
         } else {
             let suggested = head?["Content-Disposition"].flatMap(ContentDisposition.filename).flatMap(SafeFileName.sanitize)
@@ -111,7 +115,12 @@ extension FileDownload {
         completion.source = mirror?.url
         var encoded = store.attach(completion, to: file)
         while !(try place(as: name)) {
-            // Something appeared at the target since we chose it: never replace it.
+            // Something appeared at the target since we chose it: never replace it. At a name
+            // given with `-o`, unless it is this URL's finished download, the run stops (its bytes
+            // stay in the partial file: a rerun with --overwrite puts them there).
+            if name == fixedName, store.lookup(url: request.url, in: dir, name: name, versions: false) == nil {
+                throw PickupError.targetExists(dir.pathOf(name).string)
+            }
             name = freeName(for: name)
             completion.name = name
             encoded = store.attach(completion, to: file)

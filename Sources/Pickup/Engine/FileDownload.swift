@@ -81,6 +81,10 @@ final class FileDownload: @unchecked Sendable {
     var foreign: String?
     /// A check of completed pieces is queued or running.
     let piecesQueued = ManagedAtomic(false)
+    /// The file already at a fixed name (`-o NAME`) when the run started is this URL's finished
+    /// download (its completion record says so): a new version may go beside it as today
+    /// (``chooseTarget(head:)``). Any other file there is never replaced nor renamed around.
+    var fixedTargetIsOurs = false
 
     /// Connection `i` of this download asks for ``FetchRequest/lane`` `laneBase + i`: each keeps
     /// its own thread and socket from range to range, and downloads at once spread over the threads.
@@ -214,6 +218,9 @@ final class FileDownload: @unchecked Sendable {
     /// control file (taking back what the cursors of a killed run vouch for), or looks for a
     /// finished file to check.
     func prepare() throws -> Prepared {
+        // `-o NAME` over a file that is not this URL's finished download stops here, before the
+        // partial file is created or a byte fetched.
+        try checkFixedTarget()
         // The partial file is opened and locked first, so that two processes never drive one download.
         let file = try PartialFile(in: dir, name: partialName)
         do {
@@ -250,6 +257,27 @@ final class FileDownload: @unchecked Sendable {
             file.close()
             throw error
         }
+    }
+
+    /// A fixed name (``Destination/file(_:)``, `-o NAME`) where a file already is: refused
+    /// (``PickupError/targetExists(_:)``) unless it is this URL's finished download (a completion
+    /// record of this URL for it: the rerun checks it with the server as usual) or overwriting was
+    /// asked for. On the blocking-I/O pool, before anything is created.
+    func checkFixedTarget() throws(PickupError) {
+        guard let name = fixedName, !request.overwrite, dir.exists(name) else { return }
+        if store.lookup(url: request.url, in: dir, name: name, versions: false) != nil {
+            lock.withLock { fixedTargetIsOurs = true }
+            return
+        }
+        // A file Pickup finished from another URL, where this URL may answer with a Metalink
+        // document describing that very file (a rerun of `get URL -o NAME`: the file's record is
+        // under the document's URL for it): decided by the first answer, before a byte of it is
+        // written (``chooseTarget(head:)``).
+        if request.followMetalink, let fd = try? dir.openFile(name, write: false) {
+            defer { try? fd.close() }
+            if store.attached(to: fd) != nil { return }
+        }
+        throw .targetExists(dir.pathOf(name).string)
     }
 
     /// The name fixed by the caller (`-o`), or nil when the server or URL will name the file.

@@ -13,7 +13,8 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
     case verification(String)
     /// A file-system call failed (disk full, permission denied, ...). Bytes already durable stay.
     case fileSystem(String, Errno)
-    /// A file is already at the target and overwriting was not allowed.
+    /// A file is already at a fixed target (``Destination/file(_:)``, `-o PATH`) that is not the
+    /// finished download of this URL, and overwriting was not allowed: nothing was written to it.
     case targetExists(String)
     /// Another process is downloading to the same partial file.
     case busy(String)
@@ -58,7 +59,9 @@ public enum PickupError: SinkError, Sendable, CustomStringConvertible {
             case .tooManySymbolicLinkLevels: return "\(path) is a symbolic link; refusing to write through it (remove it and run again)"
             default: return "\(path): \(errno.description)"
             }
-        case .targetExists(let path): return "\(path) already exists"
+        case .targetExists(let path):
+            return "\(path) already exists and pickup did not download it from this URL; it is left as it is "
+                + "(choose another name, or overwrite it: --overwrite)"
         case .busy(let path): return "another pickup process is already downloading to \(path)"
         case .stateInUse(let path):
             return "another process is already using the download state in \(path); stop it first or use another state directory"

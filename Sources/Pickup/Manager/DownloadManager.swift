@@ -366,41 +366,61 @@ public actor DownloadManager {
 
     /// Cancels a download and forgets it. Its partial bytes are deleted unless `keepPartial`
     /// (then adding the same URL and destination later resumes from them). A completed download's
-    /// file is kept: see ``remove(_:deleteFile:)``.
-    public func cancel(_ id: DownloadID, keepPartial: Bool = false) throws(PickupError) {
+    /// file is kept: see ``remove(_:deleteFile:deletePartial:)``.
+    public func cancel(_ id: DownloadID, keepPartial: Bool = false) async throws(PickupError) {
         try checkKnown(id)
-        try forget(id, deletePartial: !keepPartial, deleteFile: false)
+        await delete(try forget(id, deletePartial: !keepPartial, deleteFile: false))
     }
 
-    /// Forgets a download; with `deleteFile`, a completed download's file is deleted too. An
-    /// unfinished one is cancelled and its partial bytes deleted.
-    public func remove(_ id: DownloadID, deleteFile: Bool = false) throws(PickupError) {
+    /// Forgets a download. Nothing on disk is deleted unless asked:
+    /// - `deleteFile`: a completed download's file is deleted (if it is still the one downloaded);
+    /// - `deletePartial`: an unfinished (or failed) download's partial file is deleted, with its
+    ///   control and cursor files (`NAME.pickup-part`, `.pickup-ctl`, `.pickup-pos`).
+    ///
+    /// Without `deletePartial` a running download is stopped after a checkpoint and its partial
+    /// file stays where it was: adding the same URL and destination again, or `pickup get` of the
+    /// URL into the same directory (or `-o` the same path), resumes from it.
+    public func remove(_ id: DownloadID, deleteFile: Bool = false, deletePartial: Bool = false) async throws(PickupError) {
         try checkKnown(id)
-        try forget(id, deletePartial: true, deleteFile: deleteFile)
+        await delete(try forget(id, deletePartial: deletePartial, deleteFile: deleteFile))
     }
 
     /// Deletes the files of every completed download and forgets those downloads; returns how many.
     @discardableResult
-    public func deleteFinishedFiles() throws(PickupError) -> Int {
+    public func deleteFinishedFiles() async throws(PickupError) -> Int {
         let done = infos.values.filter { $0.state == .completed }.map(\.id)
-        for id in done { try forget(id, deletePartial: false, deleteFile: true) }
+        var deletions: [@Sendable () -> Void] = []
+        for id in done { deletions.append(contentsOf: try forget(id, deletePartial: false, deleteFile: true)) }
+        await delete(deletions)
         return done.count
     }
 
-    private func forget(_ id: DownloadID, deletePartial: Bool, deleteFile: Bool) throws(PickupError) {
+    /// Runs the deletions `forget` asked for on the blocking-I/O pool (unlink is a blocking call:
+    /// never on Swift's cooperative pool), and returns once they are done.
+    private func delete(_ deletions: [@Sendable () -> Void]) async {
+        guard !deletions.isEmpty else { return }
+        _ = try? await BlockingIO.run { for d in deletions { d() } }
+    }
+
+    /// Forgets the download at once; returns the deletions of files it asks for (for a download
+    /// not running; a running one's partial file is deleted, when asked, once its transfer ends).
+    private func forget(_ id: DownloadID, deletePartial: Bool, deleteFile: Bool) throws(PickupError) -> [@Sendable () -> Void] {
         try checkOpen()
-        guard let info = infos[id] else { return }
+        guard let info = infos[id] else { return [] }
         do {
             try store.delete([id])
         } catch {
             throw .fileSystem("\(configuration.stateDirectory.appending("manager.sqlite")): \(error)", .ioError)
         }
+        var deletions: [@Sendable () -> Void] = []
+        let root = configuration.root
         if running[id] != nil {
             stop(id, .cancel(deletePartial: deletePartial))
         } else if deletePartial, !info.state.isFinal || info.state == .failed {
-            Downloader.discardPartial(of: Self.request(for: info, root: configuration.root))
+            let request = Self.request(for: info, root: root)
+            deletions.append { Downloader.discardPartial(of: request) }
         }
-        if deleteFile, info.state == .completed { Self.deleteFile(of: info, root: configuration.root) }
+        if deleteFile, info.state == .completed { deletions.append { Self.deleteFile(of: info, root: root) } }
         infos[id] = nil
         let i = sortedIndex(of: id, after: false)
         if i < sortedIDs.count, sortedIDs[i] == id { sortedIDs.remove(at: i) }
@@ -410,6 +430,7 @@ public actor DownloadManager {
         emit(.removed(id))
         setChanged(newWork: true)
         schedule()
+        return deletions
     }
 
     /// Changes a download's priority (a running download is not stopped; the order applies to
@@ -682,14 +703,21 @@ public actor DownloadManager {
             } catch {
                 result = .failure(error)
             }
-            self.finished(id, result)
+            if let deletion = self.finished(id, result) {
+                // Removed with its partial file while running: deleted now that nothing writes it,
+                // on the blocking-I/O pool; the freed slot is given after that.
+                _ = try? await BlockingIO.run(deletion)
+                self.schedule()
+            }
         }
         running[id] = Run(task: task, box: box, request: request)
         startTicker()
     }
 
     /// A transfer ended: record how, as its stop intent (if any) says.
-    private func finished(_ id: DownloadID, _ result: Result<DownloadResult, PickupError>) {
+    /// Returns the deletion of the partial file of a download cancelled or removed with it while
+    /// it ran (for the caller to run on the blocking-I/O pool, then to schedule).
+    private func finished(_ id: DownloadID, _ result: Result<DownloadResult, PickupError>) -> (@Sendable () -> Void)? {
         let run = running.removeValue(forKey: id)
         let intent = stopping.removeValue(forKey: id)
         crashGuard?.ended(id.rawValue)
@@ -697,10 +725,11 @@ public actor DownloadManager {
         guard let info = infos[id] else {
             // Cancelled or removed while running: now that nothing writes them, drop the bytes.
             if case .cancel(deletePartial: true)? = intent, case .failure = result, let run {
-                Downloader.discardPartial(of: run.request)
+                let request = run.request
+                return { Downloader.discardPartial(of: request) }
             }
             schedule()
-            return
+            return nil
         }
         switch result {
         case .success(let r):
@@ -739,5 +768,6 @@ public actor DownloadManager {
         }
         setChanged()
         schedule()
+        return nil
     }
 }

@@ -167,11 +167,7 @@ function draw() {
         const text = e.target.value.trim();
         change({ speedLimit: text === "" || Number(text) <= 0 ? null : Math.round(Number(text) * 1048576) });
       });
-      li.querySelector(".remove").addEventListener("click", () => {
-        const finished = downloads.get(id)?.state === "completed";
-        if (finished && !confirm("Remove it from the list? The file stays on disk.")) return;
-        act("DELETE", `/downloads/${id}`);
-      });
+      li.querySelector(".remove").addEventListener("click", () => askToRemove(id));
       // Newest first.
       const next = [...list.children].find((other) => Number(other.dataset.id) < id);
       list.insertBefore(li, next || null);
@@ -225,6 +221,32 @@ function drawTotals() {
   $("totals-text").textContent = text;
   $("totals-bar").style.width = ((totals.fraction ?? 0) * 100).toFixed(1) + "%";
 }
+
+// Removing asks first, and deletes nothing on disk unless ticked: a finished file stays, and an
+// unfinished download's partial file stays (a later download of the same URL to the same place
+// resumes it) unless "Delete the partial file too" is ticked.
+function askToRemove(id) {
+  const d = downloads.get(id);
+  if (!d) return;
+  const dialog = $("remove-dialog");
+  const finished = d.state === "completed";
+  const done = d.fraction != null && d.state !== "completed" ? ` at ${(d.fraction * 100).toFixed(0)} %` : "";
+  $("remove-text").textContent = finished
+    ? `Remove ${displayName(d)} from the list? The file stays on disk.`
+    : `Remove ${displayName(d)} (${d.state}${done}) from the list? Its partial file stays on disk unless you tick below.`;
+  $("remove-partial-row").hidden = finished;
+  $("remove-partial").checked = false;
+  dialog.dataset.id = String(id);
+  dialog.returnValue = "";
+  dialog.showModal();
+}
+
+$("remove-dialog").addEventListener("close", () => {
+  const dialog = $("remove-dialog");
+  if (dialog.returnValue !== "remove") return;
+  const partial = !$("remove-partial-row").hidden && $("remove-partial").checked;
+  act("DELETE", `/downloads/${dialog.dataset.id}` + (partial ? "?deletePartial=true" : ""));
+});
 
 async function act(method, path, body) {
   try { await call(method, path, body); } catch (e) { setStatus(e.message); }
