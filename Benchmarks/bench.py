@@ -2,27 +2,41 @@
 """Pickup against aria2c, axel, curl and wget on the same work, from nginx on loopback.
 
 Starts nginx, generates the files, runs every tool on every case several times in alternating
-order and prints the median wall time, CPU time (user+sys) and peak RSS of each, with ratios.
+order and prints the median wall time, CPU time (user+sys) and peak RSS of each, with ratios, and
+the TCP connections the servers accepted per run ("conns": nginx's own count from its stub_status,
+the mirrors-even servers' own; none for squid and ftp).
 Outputs go to the disk (a folder under .build/, the file system named in each table) and, as a
 second column, to tmpfs (/dev/shm), where fsync costs nothing; `--fs disk` or `--fs tmpfs` runs one.
+Every network case runs over https and then over plain http (`--scheme https,http`, a table each):
+nginx also listens with TLS, with a self-signed certificate for 127.0.0.1 made at start, which
+each tool is told to trust as users would (pickup `--ca-certificate`, curl `--cacert`, wget and
+aria2c `--ca-certificate=`); axel has no such option and gets `-k` (no verification) over https.
 
     swift build -c release && python3 Benchmarks/bench.py            # all cases, 5 runs
     python3 Benchmarks/bench.py --runs 3 --cases single,throttled     # a subset
+    python3 Benchmarks/bench.py --runs 1 --cases single,defaults --size-mib 64 --scheme https  # a quick look
 
-Cases: throttled, single, multi, skewed (one file); batch (400 files of 64 KiB, 16 at a time,
-`pickup get -i` against `aria2c -i -j16` and `wget -i`); queue (10,000 queued downloads in the
-DownloadManager: adding, listing, restoring; no network); daemon (API latency with 10,000 downloads);
-events (the same with 100 event-stream clients, half of which never read: latency and peak memory);
-limits (the rate `--limit-rate` achieves, from 1 KiB/s to 1 MiB/s; not in the default set: 32 s);
-squid (1 GiB through Squid on loopback with Debian's default rules, one connection: plain http in
-absolute form; against curl, wget and aria2c through the same Squid; not in the default set);
-ftp (1 GiB from vsftpd, one connection) and ftp-limited (256 MiB, 8 connections against a limit of
-8 MiB/s per session): against curl, wget, aria2c and axel; vsftpd must start as root; not in the
-default set. mirrors (three nginx servers with one 48 MiB file, each taking 2 connections per client
-at 4 MiB/s): against aria2c and axel given the three URLs; not in the default set.
+Cases: throttled, single, multi, skewed (one file; single and multi of `--size-mib`, 1 GiB unless
+told); defaults (the same file, every tool with its defaults as users type it: `pickup get URL -o
+OUT`, `curl -o OUT URL`, `wget -O OUT URL`, `aria2c -d D -o N URL`, `axel -o OUT URL`, plus only
+what trusts the certificate and keeps them quiet and overwriting); batch (400 files of 64 KiB, 16 at
+a time, `pickup get -i` against `aria2c -i -j16` and `wget -i`); queue (10,000 queued downloads in
+the DownloadManager: adding, listing, restoring; no network); daemon (API latency with 10,000
+downloads); events (the same with 100 event-stream clients, half of which never read: latency and
+peak memory); daemon and events fetch over plain http only (`pickup serve` has no option to trust a
+certificate); limits (the rate `--limit-rate` achieves, from 1 KiB/s to 1 MiB/s; not in the default
+set: 32 s per scheme); squid (1 GiB through Squid on loopback with Debian's default rules, one
+connection: plain http in absolute form, so http only; against curl, wget and aria2c through the
+same Squid; not in the default set); ftp (1 GiB from vsftpd, one connection) and ftp-limited
+(256 MiB, 8 connections against a limit of 8 MiB/s per session): against curl, wget, aria2c and
+axel; vsftpd must start as root; not in the default set. mirrors (three nginx servers with one
+48 MiB file, each taking 2 connections per client at 4 MiB/s): against aria2c and axel given the
+three URLs; not in the default set. mirrors-even (the same with three servers of this script's own,
+`even_server`, that pace each connection evenly with a token bucket instead of nginx's bursts, so
+no tool can beat the ideal of 2.0 s): not in the default set.
 """
-import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, \
-    threading, time
+import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, ssl, statistics, subprocess, sys, \
+    tempfile, threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1024 * 1024
@@ -51,16 +65,29 @@ def listening(proc, port, seconds, why):
     raise SystemExit(why())
 
 
-def start_nginx(work, site, port, mirror_ports=()):
+def make_certificate(work):
+    """A self-signed certificate for 127.0.0.1 and its key, in `work`: (certificate, key)."""
+    cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+    subprocess.run(["/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return cert, key
+
+
+def start_nginx(work, site, port, status_port, tls=None, mirror_ports=()):
+    """nginx serving `site` on `port`, and with TLS on the same locations on `tls`'s port when `tls` is
+    (port, certificate, key); its stub_status on `status_port`. `mirror_ports`: (plain, TLS or None)."""
+    listen = lambda p, tp: f"listen 127.0.0.1:{p};" + (f" listen 127.0.0.1:{tp} ssl;" if tp else "")
     # Mirrors (the mirrors case): each its own server, 2 connections per client, 4 MiB/s each; a
     # third connection gets 503.
     mirrors = "".join(f"""
     limit_conn_zone $binary_remote_addr zone=mirror{i}:1m;
     server {{
-        listen 127.0.0.1:{p};
+        {listen(p, tp)}
         root {site};
         limit_conn mirror{i} 2; limit_conn_status 503; limit_rate 4m;
-    }}""" for i, p in enumerate(mirror_ports))
+    }}""" for i, (p, tp) in enumerate(mirror_ports))
+    certificate = f"ssl_certificate {tls[1]}; ssl_certificate_key {tls[2]};" if tls else ""
     conf = f"""
 {'user root;' if os.geteuid() == 0 else ''}
 daemon off; master_process off; worker_processes 1;
@@ -69,15 +96,21 @@ events {{ worker_connections 4096; }}
 http {{
     access_log off; sendfile on; tcp_nopush on; keepalive_requests 100000;
     client_body_temp_path {work}/body; proxy_temp_path {work}/proxy; fastcgi_temp_path {work}/fcgi;
+    {certificate}
     # The connection that asks for the start of the file is ten times slower than the others.
     map $http_range $skew_rate {{ "~^bytes=0-" 2m; default 20m; }}
     server {{
-        listen 127.0.0.1:{port};
+        {listen(port, tls[0] if tls else None)}
         root {site};
         location /throttled/ {{ alias {site}/; limit_rate 20m; }}
         location /skewed/ {{ alias {site}/; limit_rate $skew_rate; }}
         location /slow/ {{ alias {site}/; limit_rate 128k; }}
     }}{mirrors}
+    # The connections accepted, by every server above ("accepts"): the conns column.
+    server {{
+        listen 127.0.0.1:{status_port};
+        location = /status {{ stub_status; }}
+    }}
 }}
 """
     path = os.path.join(work, "nginx.conf")
@@ -86,6 +119,23 @@ http {{
     proc = subprocess.Popen(["nginx", "-p", work, "-c", path, "-e", f"{work}/error.log"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return listening(proc, port, 10, lambda: "nginx did not start: " + open(f"{work}/error.log").read())
+
+
+class NginxAccepts:
+    """nginx's count of accepted connections (stub_status), less those of its own questions: the
+    difference across a run is the connections that run opened. Exact, unlike a count of requests in
+    an access log, which nginx writes for a connection cut by the client only once it notices."""
+
+    def __init__(self, port):
+        self.port, self.asked = port, 0
+
+    def __call__(self):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        c.request("GET", "/status")
+        text = c.getresponse().read().decode()
+        c.close()
+        self.asked += 1
+        return int(text.splitlines()[2].split()[0]) - self.asked
 
 
 def start_squid(work, port):
@@ -143,32 +193,74 @@ def run(cmd, env=None):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
 
 
-def tools(pickup, conns, url, out, baseline=None, proxy=None):
+def counted(cmd, accepts=None, env=None):
+    """`run`, and the connections the server accepted meanwhile (None without `accepts`)."""
+    before = accepts() if accepts else None
+    wall, cpu, rss, code = run(cmd, env)
+    return wall, cpu, rss, code, (accepts() - before if accepts else None)
+
+
+# axel (2.17, `axel --help`) has no option for a CA file, only -k/--insecure: over https it does the
+# same TLS work but does not check the certificate.
+AXEL_HTTPS = "axel over https: `-k` (it has no option for a CA file), so it does not verify the certificate"
+
+
+def trust(tool, url, ca):
+    """The flags with which `tool` trusts the certificate `ca` for `url`, as users would type them."""
+    if not url.startswith("https:"):
+        return []
+    return {"pickup": ["--ca-certificate", ca], "curl": ["--cacert", ca], "wget": [f"--ca-certificate={ca}"],
+            "aria2c": [f"--ca-certificate={ca}"], "axel": ["-k"]}[tool]
+
+
+def tools(pickup, conns, url, out, baseline=None, proxy=None, ca=None):
     d, name = os.path.dirname(out), os.path.basename(out)
     via = ["--proxy", proxy] if proxy else []
-    t = {"pickup": [pickup, "get", url, "-o", out, "-q", "--overwrite", "-x", str(conns)] + via}
+    t = {"pickup": [pickup, "get", url, "-o", out, "-q", "--overwrite", "-x", str(conns)] + via + trust("pickup", url, ca)}
     if baseline:
         t["pickup-before"] = [baseline] + t["pickup"][1:]
     if shutil.which("aria2c"):
         t["aria2c"] = ["aria2c", "-q", f"-x{conns}", f"-s{conns}", "-k1M", "--file-allocation=none",
                        "--allow-overwrite=true", "--auto-file-renaming=false", "-d", d, "-o", name, url] \
-            + ([f"--all-proxy={proxy}"] if proxy else [])
+            + ([f"--all-proxy={proxy}"] if proxy else []) + trust("aria2c", url, ca)
     if shutil.which("axel") and not proxy:
-        t["axel"] = ["axel", "-q", "-n", str(conns), "-o", out, url]
+        t["axel"] = ["axel", "-q", "-n", str(conns), "-o", out, url] + trust("axel", url, ca)
     if conns == 1:
-        t["curl"] = ["curl", "-sS", "-o", out, url] + (["-x", proxy] if proxy else [])
+        t["curl"] = ["curl", "-sS", "-o", out, url] + (["-x", proxy] if proxy else []) + trust("curl", url, ca)
         if proxy:
             # What Pickup does on top: the bytes made durable before the file counts as done.
             t["curl + fsync"] = ["sh", "-c", f"curl -sS -o '{out}' -x '{proxy}' '{url}' && sync '{out}'"]
         if shutil.which("wget"):
-            t["wget"] = ["wget", "-q", "-O", out, url] + (["-e", "use_proxy=yes", "-e", f"http_proxy={proxy}"] if proxy else [])
+            t["wget"] = ["wget", "-q", "-O", out, url] + (["-e", "use_proxy=yes", "-e", f"http_proxy={proxy}"] if proxy else []) \
+                + trust("wget", url, ca)
+    return t
+
+
+def default_tools(pickup, url, out, baseline=None, ca=None):
+    """Every tool with its defaults as users type it, plus only the flags that trust the certificate,
+    keep it quiet and let it overwrite."""
+    d, name = os.path.dirname(out), os.path.basename(out)
+    t = {"pickup": [pickup, "get", url, "-o", out, "-q", "--overwrite"] + trust("pickup", url, ca)}
+    if baseline:
+        t["pickup-before"] = [baseline] + t["pickup"][1:]
+    t["curl"] = ["curl", "-sS", "-o", out, url] + trust("curl", url, ca)
+    if shutil.which("wget"):
+        t["wget"] = ["wget", "-q", "-O", out, url] + trust("wget", url, ca)
+    if shutil.which("aria2c"):
+        t["aria2c"] = ["aria2c", "-q", "--allow-overwrite=true", "--auto-file-renaming=false", "-d", d, "-o", name, url] \
+            + trust("aria2c", url, ca)
+    if shutil.which("axel"):
+        t["axel"] = ["axel", "-q", "-o", out, url] + trust("axel", url, ca)
     return t
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--cases", default="throttled,single,multi,skewed,batch,queue,daemon,events")
+    ap.add_argument("--cases", default="throttled,single,multi,skewed,defaults,batch,queue,daemon,events")
+    ap.add_argument("--scheme", default="https,http",
+                    help="over which schemes each network case runs, in this order (ftp and squid: their own)")
+    ap.add_argument("--size-mib", type=int, default=1024, help="the file of the single, multi, defaults, squid and ftp cases")
     ap.add_argument("--pickup", default=os.path.join(ROOT, ".build/release/pickup"))
     ap.add_argument("--daemon-downloads", type=int, default=10_000, help="downloads in the daemon and events cases")
     ap.add_argument("--event-clients", default="50,50", help="events case: clients reading, clients never reading")
@@ -180,6 +272,9 @@ def main():
     args = ap.parse_args()
     if not os.path.exists(args.pickup):
         raise SystemExit("build first: swift build -c release")
+    schemes = args.scheme.split(",")
+    if not schemes or set(schemes) - {"http", "https"}:
+        raise SystemExit(f"--scheme: https, http or both, not {args.scheme}")
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     work = tempfile.mkdtemp(prefix="pickup-bench-", dir=base)
     site = os.path.join(work, "site")
@@ -197,18 +292,20 @@ def main():
         outdirs[fs_type(d)] = d
     first = next(iter(outdirs.values()))  # the daemon and limits cases write there
     wanted = args.cases.split(",")
+    # The file of the single, multi, defaults, squid and ftp cases.
+    big, big_size = ("1g.bin", "1 GiB") if args.size_mib == 1024 else (f"{args.size_mib}m.bin", f"{args.size_mib} MiB")
     sizes = {}
     if {"daemon", "events"} & set(wanted):
         sizes["64m.bin"] = 64 * MiB
     if "limits" in wanted:
         for rate in LIMITS:
             sizes[f"limit-{rate}.bin"] = rate * LIMIT_SECONDS
-    if "mirrors" in wanted:
+    if {"mirrors", "mirrors-even"} & set(wanted):
         sizes["48m.bin"] = 48 * MiB
     if {"throttled", "skewed", "ftp-limited"} & set(wanted):
         sizes["256m.bin"] = 256 * MiB
-    if {"single", "multi", "squid", "ftp"} & set(wanted):
-        sizes["1g.bin"] = 1024 * MiB
+    if {"single", "multi", "defaults", "squid", "ftp"} & set(wanted):
+        sizes[big] = args.size_mib * MiB
     digests = {}
     for name, size in sizes.items():
         # Generated by a child process, so this script's own RSS (which children inherit as their
@@ -217,10 +314,16 @@ def main():
         subprocess.run(["head", "-c", str(size), "/dev/urandom"], stdout=open(path, "wb"), check=True)
         with open(path, "rb") as f:
             digests[name] = hashlib.file_digest(f, "sha256").hexdigest()
-    port = free_port()
-    mirror_ports = [free_port() for _ in range(3)] if "mirrors" in wanted else []
-    nginx = start_nginx(work, site, port, mirror_ports)
+    https = "https" in schemes
+    cert, cert_key = make_certificate(work) if https else (None, None)
+    port, status_port = free_port(), free_port()
+    tls = (free_port(), cert, cert_key) if https else None
+    mirror_ports = [(free_port(), free_port() if https else None) for _ in range(3)] if "mirrors" in wanted else []
+    nginx = start_nginx(work, site, port, status_port, tls, mirror_ports)
+    accepts = NginxAccepts(status_port)
     base_url = f"http://127.0.0.1:{port}"
+    # Each scheme's origin, in the order of --scheme (https first unless told).
+    origins = {s: base_url if s == "http" else f"https://127.0.0.1:{tls[0]}" for s in schemes}
     ftps = []
     ftp_url = ftp_limited_url = None
     if "ftp" in wanted:
@@ -238,22 +341,25 @@ def main():
     cases = {
         "throttled": ("per-connection limit 20 MiB/s, 256 MiB, 16 connections", "/throttled/256m.bin", 16,
                       256 / (16 * 20)),
-        "single": ("unthrottled loopback, 1 GiB, 1 connection", "/1g.bin", 1, None),
-        "multi": ("unthrottled loopback, 1 GiB, 16 connections", "/1g.bin", 16, None),
-        "squid": ("through Squid (Debian's default rules) on loopback, plain http in absolute form, 1 GiB, 1 connection",
-                  "/1g.bin", 1, None),
-        "ftp": ("FTP from vsftpd on loopback, 1 GiB, 1 connection", "/1g.bin", 1, None),
+        "single": (f"unthrottled loopback, {big_size}, 1 connection", f"/{big}", 1, None),
+        "multi": (f"unthrottled loopback, {big_size}, 16 connections", f"/{big}", 16, None),
+        "defaults": (f"every tool with its defaults (pickup get URL -o OUT, curl -o OUT URL, wget -O OUT URL, "
+                     f"aria2c -d D -o N URL, axel -o OUT URL), unthrottled loopback, {big_size}", f"/{big}", None, None),
+        "squid": ("through Squid (Debian's default rules) on loopback, plain http in absolute form, "
+                  f"{big_size}, 1 connection", f"/{big}", 1, None),
+        "ftp": (f"FTP from vsftpd on loopback, {big_size}, 1 connection", f"/{big}", 1, None),
         "ftp-limited": ("FTP from vsftpd, 8 MiB/s per session, 256 MiB, 8 connections", "/256m.bin", 8, 256 / (8 * 8)),
         # Ideal: the slow connection (2 MiB/s) and 15 fast ones (20 MiB/s) share the file.
         "skewed": ("one connection 10x slower (2 vs 20 MiB/s), 256 MiB, 16 connections", "/skewed/256m.bin", 16,
                    256 / (15 * 20 + 2)),
     }
     where = ", ".join(f"{fs} ({d})" for fs, d in outdirs.items())
-    print(f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, outputs on {where}, {args.runs} runs, medians")
+    print(f"machine: {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, outputs on {where}, {args.runs} runs, medians; "
+          f"schemes {', '.join(schemes)}")
     try:
         for key in wanted:
             if key == "batch":
-                batch_case(args, work, site, outdirs, base_url)
+                batch_case(args, work, site, outdirs, origins, cert, accepts)
                 continue
             if key == "queue":
                 queue_case(args)
@@ -266,36 +372,55 @@ def main():
                 events_case(args, work, first, base_url, args.daemon_downloads, readers, stalled)
                 continue
             if key == "limits":
-                limits_case(args, first, base_url)
+                limits_case(args, first, origins, cert)
                 continue
             if key == "mirrors":
-                mirrors_case(args, outdirs, mirror_ports, digests["48m.bin"])
+                mirrors_case(args, outdirs, mirror_ports, schemes, cert, accepts, digests["48m.bin"])
+                continue
+            if key == "mirrors-even":
+                mirrors_even_case(args, work, site, outdirs, schemes, cert, cert_key, digests["48m.bin"])
                 continue
             title, path, conns, ideal = cases[key]
             name = os.path.basename(path)
-            results = {}
-            for i in range(args.runs):
-                # Alternating tools and file systems, so that neither order nor drift favours one.
-                for fs, d in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
-                    out = os.path.join(d, name)
-                    origin = {"ftp": ftp_url, "ftp-limited": ftp_limited_url}.get(key, base_url)
-                    cmds = tools(args.pickup, conns, origin + path, out, args.baseline,
-                                 proxy=squid_url if key == "squid" else None)
-                    if key == "ftp-limited":
-                        # curl and wget have one connection only: 8x the ideal time, nothing to learn.
-                        cmds.pop("curl", None)
-                        cmds.pop("wget", None)
-                    order = list(cmds)
-                    for tool in (order if i % 2 == 0 else list(reversed(order))):
+            if key in ("ftp", "ftp-limited"):
+                # vsftpd: neither scheme, and no count of connections.
+                runs = [(None, {"ftp": ftp_url, "ftp-limited": ftp_limited_url}[key], None)]
+            elif key == "squid":
+                # Debian's rules let CONNECT (https through the proxy) reach port 443 only; Squid's
+                # connections to nginx are not the tool's.
+                runs = [(None, base_url, None)]
+                if "https" in schemes:
+                    print("\n(squid over https skipped: Debian's default rules allow CONNECT to port 443 only)")
+            else:
+                runs = [(scheme, origin, accepts) for scheme, origin in origins.items()]
+            for scheme, origin, counter in runs:
+                results = {}
+                for i in range(args.runs):
+                    # Alternating tools and file systems, so that neither order nor drift favours one.
+                    for fs, d in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
+                        out = os.path.join(d, name)
+                        if key == "defaults":
+                            cmds = default_tools(args.pickup, origin + path, out, args.baseline, ca=cert)
+                        else:
+                            cmds = tools(args.pickup, conns, origin + path, out, args.baseline,
+                                         proxy=squid_url if key == "squid" else None, ca=cert)
+                        if key == "ftp-limited":
+                            # curl and wget have one connection only: 8x the ideal time, nothing to learn.
+                            cmds.pop("curl", None)
+                            cmds.pop("wget", None)
+                        order = list(cmds)
+                        for tool in (order if i % 2 == 0 else list(reversed(order))):
+                            clear(d)
+                            wall, cpu, rss, code, opened = counted(cmds[tool], counter)
+                            ok = code == 0 and os.path.exists(out) and os.path.getsize(out) == sizes[name]
+                            if ok and i == 0:
+                                with open(out, "rb") as f:
+                                    ok = hashlib.file_digest(f, "sha256").hexdigest() == digests[name]
+                            results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok, opened))
                         clear(d)
-                        wall, cpu, rss, code = run(cmds[tool])
-                        ok = code == 0 and os.path.exists(out) and os.path.getsize(out) == sizes[name]
-                        if ok and i == 0:
-                            with open(out, "rb") as f:
-                                ok = hashlib.file_digest(f, "sha256").hexdigest() == digests[name]
-                        results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok))
-                    clear(d)
-            print_table(f"### {title}" + (f" (physical limit {ideal:.2f} s)" if ideal else ""), results, ideal)
+                print_table(f"### {title}" + (f", over {scheme}" if scheme else "")
+                            + (f" (physical limit {ideal:.2f} s)" if ideal else ""), results, ideal,
+                            note=AXEL_HTTPS if scheme == "https" and "axel" in results else None)
     finally:
         nginx.kill()
         nginx.wait()
@@ -310,31 +435,208 @@ def main():
             shutil.rmtree(d, ignore_errors=True)
 
 
-def mirrors_case(args, outdirs, ports, digest):
-    """Three mirrors of a 48 MiB file, each taking 2 connections from us at 4 MiB/s (a third gets
-    503): ideal 48 / (3 x 2 x 4) = 2.0 s. Each tool gets the three URLs and 6 connections."""
-    urls = [f"http://127.0.0.1:{p}/48m.bin" for p in ports]
+def mirror_runs(args, outdirs, urls, digest, ca, accepts):
+    """Each tool given the three mirrors' `urls` and 6 connections, alternating; results by tool."""
     results = {}
     for i in range(args.runs):
         for fs, d in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
             out = os.path.join(d, "48m.bin")
-            cmds = {"pickup": [args.pickup, "get", *urls, "-o", out, "-q", "--overwrite", "-x", "6"]}
+            cmds = {"pickup": [args.pickup, "get", *urls, "-o", out, "-q", "--overwrite", "-x", "6"] + trust("pickup", urls[0], ca)}
             if shutil.which("aria2c"):
                 cmds["aria2c"] = ["aria2c", "-q", "-x2", "-s6", "-k1M", "--file-allocation=none", "--allow-overwrite=true",
-                                  "--auto-file-renaming=false", "-d", d, "-o", "48m.bin"] + urls
+                                  "--auto-file-renaming=false", "-d", d, "-o", "48m.bin"] + urls + trust("aria2c", urls[0], ca)
             if shutil.which("axel"):
-                cmds["axel"] = ["axel", "-q", "-n", "6", "-o", out] + urls
+                cmds["axel"] = ["axel", "-q", "-n", "6", "-o", out] + urls + trust("axel", urls[0], ca)
             order = list(cmds)
             for tool in (order if i % 2 == 0 else list(reversed(order))):
                 clear(d)
-                wall, cpu, rss, code = run(cmds[tool])
+                wall, cpu, rss, code, opened = counted(cmds[tool], accepts)
                 ok = code == 0 and os.path.exists(out) and os.path.getsize(out) == 48 * MiB
                 if ok and i == 0:
                     with open(out, "rb") as f:
                         ok = hashlib.file_digest(f, "sha256").hexdigest() == digest
-                results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok))
+                results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok, opened))
             clear(d)
-    print_table("### three mirrors, 2 connections each at 4 MiB/s, 48 MiB (physical limit 2.00 s)", results, 2.0)
+    return results
+
+
+def mirrors_case(args, outdirs, ports, schemes, ca, accepts, digest):
+    """Three mirrors of a 48 MiB file, each taking 2 connections from us at 4 MiB/s (a third gets
+    503): ideal 48 / (3 x 2 x 4) = 2.0 s. Each tool gets the three URLs and 6 connections."""
+    for scheme in schemes:
+        urls = [f"{scheme}://127.0.0.1:{p if scheme == 'http' else tp}/48m.bin" for p, tp in ports]
+        results = mirror_runs(args, outdirs, urls, digest, ca, accepts)
+        print_table(f"### three mirrors, 2 connections each at 4 MiB/s, 48 MiB, over {scheme} (physical limit 2.00 s)",
+                    results, 2.0, note=AXEL_HTTPS if scheme == "https" and "axel" in results else None)
+
+
+def mirrors_even_case(args, work, site, outdirs, schemes, cert, key, digest):
+    """The mirrors case with three servers that pace evenly (`even_server`, each in its own process):
+    2 connections per client, 4 MiB/s each, no bursts to beat the ideal of 2.0 s with."""
+    for scheme in schemes:
+        ports = [free_port() for _ in range(3)]
+        logs = [os.path.join(work, f"even-{p}.accepts") for p in ports]
+        servers = []
+        try:
+            for p, log in zip(ports, logs):
+                cmd = [sys.executable, os.path.abspath(__file__), "--even-server", str(p), site, log] \
+                      + ([cert, key] if scheme == "https" else [])
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log + ".err", "w"))
+                servers.append(listening(proc, p, 10, lambda: "even_server did not start: " + open(log + ".err").read()))
+                while not os.path.getsize(log):  # `listening`'s connection, counted before any run
+                    time.sleep(0.01)
+            # Each server appends a byte per connection it accepts.
+            accepts = lambda: sum(os.path.getsize(x) for x in logs)
+            urls = [f"{scheme}://127.0.0.1:{p}/48m.bin" for p in ports]
+            results = mirror_runs(args, outdirs, urls, digest, cert, accepts)
+        finally:
+            for proc in servers:
+                proc.kill()
+                proc.wait()
+        print_table(f"### three mirrors pacing evenly (token bucket), 2 connections each at 4 MiB/s, 48 MiB, over {scheme} "
+                    "(physical limit 2.00 s)", results, 2.0,
+                    note=AXEL_HTTPS if scheme == "https" and "axel" in results else None)
+
+
+EVEN_RATE = 4 * MiB  # bytes per second, per connection
+EVEN_SLICE = 16 * 1024  # sent at a time: 256 slices a second at EVEN_RATE
+EVEN_CONNECTIONS = 2  # per client address; past that, 503
+
+
+def byte_range(header, size):
+    """(first, last) of a single `bytes=` range of a file of `size` bytes; None if it is
+    unsatisfiable (416); () if it is not one this server reads (answered whole, 200)."""
+    unit, _, spec = header.partition("=")
+    first, dash, last = spec.strip().partition("-")
+    if unit.strip().lower() != "bytes" or "," in spec or not dash:
+        return ()
+    try:
+        if not first.strip():  # the last `last` bytes
+            n = int(last)
+            return (max(0, size - n), size - 1) if n > 0 and size > 0 else None
+        a = int(first)
+        b = int(last) if last.strip() else None
+    except ValueError:
+        return ()
+    if a < 0 or (b is not None and b < a):
+        return ()
+    return (a, size - 1 if b is None else min(b, size - 1)) if a < size else None
+
+
+def even_server(port, site, accepts, cert=None, key=None):
+    """A mirror of the files in `site` on `port` (TLS with `cert` and `key` if given), paced evenly: a
+    token bucket per connection at EVEN_RATE, sending EVEN_SLICE at a time (the bucket holds two, so
+    a late wake-up is made up for, never a burst); at most EVEN_CONNECTIONS per client, 503 past that;
+    Range (206, 416), If-Range, ETag and Last-Modified. Appends a byte to `accepts` per connection."""
+    # Imported here, in the server's own process: the script's RSS is every child's starting peak.
+    import email.utils, http.server, socketserver, urllib.parse
+    context = None
+    if cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+    counter = open(accepts, "ab", buffering=0)
+    active, lock = {}, threading.Lock()
+
+    class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+        allow_reuse_address = daemon_threads = True
+        request_queue_size = 128
+
+        def get_request(self):
+            sock, address = self.socket.accept()
+            counter.write(b"\n")
+            if context:  # the handshake in the connection's own thread
+                sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            return sock, address
+
+        def handle_error(self, request, address):
+            pass  # a client gone in the middle, a failed handshake
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self):
+            self.request.settimeout(30)
+            if context:
+                self.request.do_handshake()
+            super().setup()
+            self.client = self.client_address[0]
+            with lock:
+                active[self.client] = active.get(self.client, 0) + 1
+                self.over = active[self.client] > EVEN_CONNECTIONS
+            self.tokens, self.last = 0.0, time.monotonic()
+
+        def finish(self):
+            with lock:
+                active[self.client] -= 1
+            try:
+                super().finish()
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.answer(True)
+
+        def do_HEAD(self):
+            self.answer(False)
+
+        def answer(self, body):
+            if self.over:
+                self.send_error(503)  # and Connection: close
+                return
+            try:
+                fd = os.open(os.path.join(site, os.path.basename(urllib.parse.urlsplit(self.path).path)), os.O_RDONLY)
+            except OSError:
+                self.send_error(404)
+                return
+            try:
+                st = os.fstat(fd)
+                size = st.st_size
+                etag = f'"{st.st_mtime_ns:x}-{size:x}"'
+                modified = email.utils.formatdate(st.st_mtime, usegmt=True)
+                first, last, status = 0, size - 1, 200
+                asked, condition = self.headers.get("Range"), self.headers.get("If-Range")
+                if asked and (condition is None or condition.strip() in (etag, modified)):
+                    r = byte_range(asked, size)
+                    if r is None:
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{size}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                    if r:
+                        (first, last), status = r, 206
+                self.send_response(status)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("ETag", etag)
+                self.send_header("Last-Modified", modified)
+                self.send_header("Content-Length", str(last + 1 - first))
+                if status == 206:
+                    self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
+                self.end_headers()
+                if body:
+                    self.pace(fd, first, last + 1)
+            finally:
+                os.close(fd)
+
+        def pace(self, fd, offset, end):
+            while offset < end:
+                n = min(EVEN_SLICE, end - offset)
+                now = time.monotonic()
+                self.tokens = min(2 * EVEN_SLICE, self.tokens + (now - self.last) * EVEN_RATE)
+                self.last = now
+                if self.tokens < n:
+                    time.sleep((n - self.tokens) / EVEN_RATE)
+                    continue
+                self.wfile.write(os.pread(fd, n, offset))
+                self.tokens -= n
+                offset += n
+
+    with Server(("127.0.0.1", int(port)), Handler) as server:
+        server.serve_forever()
 
 
 def clear(d):
@@ -360,29 +662,37 @@ def fs_type(path):
     return kind
 
 
-def print_table(title, results, ideal=None):
-    """Medians of (wall, cpu, rss, ok) runs per tool and file system, as a Markdown table; the
-    ratios to pickup are on the first file system."""
+def print_table(title, results, ideal=None, note=None):
+    """Medians of (wall, cpu, rss, ok, conns) runs per tool and file system, as a Markdown table; the
+    ratios to pickup are on the first file system; conns: the connections the server accepted per
+    run, over all runs (median, and the range where runs differ; "-" where not counted)."""
     print(f"\n{title}")
     systems = list(next(iter(results.values())))
     head = "| tool | " + " | ".join(f"wall s {fs} | CPU s {fs}" for fs in systems)
-    print(head + f" | peak RSS MiB | wall vs pickup ({systems[0]}) | CPU vs pickup | ok |")
-    print("| --- " * (5 + 2 * len(systems)) + "|")
+    print(head + f" | peak RSS MiB | conns | wall vs pickup ({systems[0]}) | CPU vs pickup | ok |")
+    print("| --- " * (6 + 2 * len(systems)) + "|")
     med = {t: {fs: [statistics.median(x[k] for x in r) for k in range(3)] for fs, r in per.items()}
            for t, per in results.items()}
     pw, pc = med["pickup"][systems[0]][0], med["pickup"][systems[0]][1]
     for tool, per in med.items():
         okay = all(x[3] for r in results[tool].values() for x in r)
+        opened = [x[4] for r in results[tool].values() for x in r if x[4] is not None]
+        conns = "-"
+        if opened:
+            m = statistics.median(opened)
+            conns = f"{m:g}" + (f" ({min(opened)}-{max(opened)})" if min(opened) != max(opened) else "")
         cells = []
         for fs in systems:
             w, c, _ = per[fs]
             cells.append(f"{w:.2f}" + (f" ({w / ideal:.2f}x limit)" if ideal else "") + f" | {c:.2f}")
         w, c, m = per[systems[0]]
-        print(f"| {tool} | {' | '.join(cells)} | {m:.0f} | {w / pw:.2f} | {c / pc if pc else 0:.2f} | {'yes' if okay else 'NO'} |")
+        print(f"| {tool} | {' | '.join(cells)} | {m:.0f} | {conns} | {w / pw:.2f} | {c / pc if pc else 0:.2f} | {'yes' if okay else 'NO'} |")
+    if note:
+        print(note)
     sys.stdout.flush()
 
 
-def batch_case(args, work, site, outdirs, base_url, count=400, size=64 * 1024, jobs=16):
+def batch_case(args, work, site, outdirs, origins, ca, accepts, count=400, size=64 * 1024, jobs=16):
     """Many small files: what each download costs beyond its bytes."""
     os.makedirs(os.path.join(site, "batch"))
     digests = {}
@@ -391,36 +701,39 @@ def batch_case(args, work, site, outdirs, base_url, count=400, size=64 * 1024, j
         with open(os.path.join(site, "batch", f"{i}.bin"), "wb") as f:
             f.write(data)
         digests[f"{i}.bin"] = hashlib.sha256(data).hexdigest()
-    listing = os.path.join(work, "list.txt")
-    with open(listing, "w") as f:
-        f.write("".join(f"{base_url}/batch/{i}.bin\n" for i in range(count)))
-    state = os.path.join(work, "state")
-    cmds = {"pickup": [args.pickup, "get", "-i", listing, "-d", "OUTDIR", "-j", str(jobs), "-q"]}
-    if args.baseline:
-        cmds["pickup-before"] = [args.baseline] + cmds["pickup"][1:]
-    if shutil.which("aria2c"):
-        cmds["aria2c"] = ["aria2c", "-q", "-i", listing, f"-j{jobs}", "--file-allocation=none", "-d", "OUTDIR"]
-    if shutil.which("wget"):
-        cmds["wget"] = ["wget", "-q", "-i", listing, "-P", "OUTDIR"]
-    results = {}
-    order = list(cmds)
-    for i in range(args.runs):
-        for fs, outdir in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
-            for tool in (order if i % 2 == 0 else list(reversed(order))):
+    for scheme, origin in origins.items():
+        listing = os.path.join(work, f"list-{scheme}.txt")
+        with open(listing, "w") as f:
+            f.write("".join(f"{origin}/batch/{i}.bin\n" for i in range(count)))
+        state = os.path.join(work, "state")
+        url = origin + "/"
+        cmds = {"pickup": [args.pickup, "get", "-i", listing, "-d", "OUTDIR", "-j", str(jobs), "-q"] + trust("pickup", url, ca)}
+        if args.baseline:
+            cmds["pickup-before"] = [args.baseline] + cmds["pickup"][1:]
+        if shutil.which("aria2c"):
+            cmds["aria2c"] = ["aria2c", "-q", "-i", listing, f"-j{jobs}", "--file-allocation=none", "-d", "OUTDIR"] \
+                + trust("aria2c", url, ca)
+        if shutil.which("wget"):
+            cmds["wget"] = ["wget", "-q", "-i", listing, "-P", "OUTDIR"] + trust("wget", url, ca)
+        results = {}
+        order = list(cmds)
+        for i in range(args.runs):
+            for fs, outdir in (outdirs.items() if i % 2 == 0 else reversed(list(outdirs.items()))):
+                for tool in (order if i % 2 == 0 else list(reversed(order))):
+                    clear(outdir)
+                    shutil.rmtree(state, ignore_errors=True)  # a new batch every run, not a resumed one
+                    env = dict(os.environ, PICKUP_STATE_DIR=state)
+                    cmd = [outdir if x == "OUTDIR" else x for x in cmds[tool]]
+                    wall, cpu, rss, code, opened = counted(cmd, accepts, env=env)
+                    names = sorted(n for n in os.listdir(outdir) if not n.startswith("."))
+                    ok = code == 0 and len(names) == count
+                    if ok and i == 0:
+                        for n in names:
+                            with open(os.path.join(outdir, n), "rb") as f:
+                                ok = ok and hashlib.sha256(f.read()).hexdigest() == digests[n]
+                    results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok, opened))
                 clear(outdir)
-                shutil.rmtree(state, ignore_errors=True)  # a new batch every run, not a resumed one
-                env = dict(os.environ, PICKUP_STATE_DIR=state)
-                cmd = [outdir if x == "OUTDIR" else x for x in cmds[tool]]
-                wall, cpu, rss, code = run(cmd, env=env)
-                names = sorted(n for n in os.listdir(outdir) if not n.startswith("."))
-                ok = code == 0 and len(names) == count
-                if ok and i == 0:
-                    for n in names:
-                        with open(os.path.join(outdir, n), "rb") as f:
-                            ok = ok and hashlib.sha256(f.read()).hexdigest() == digests[n]
-                results.setdefault(tool, {}).setdefault(fs, []).append((wall, cpu, rss, ok))
-            clear(outdir)
-    print_table(f"### {count} files of {size // 1024} KiB, {jobs} at a time (wget: one at a time)", results)
+        print_table(f"### {count} files of {size // 1024} KiB, {jobs} at a time (wget: one at a time), over {scheme}", results)
 
 
 def queue_case(args):
@@ -442,19 +755,22 @@ LIMITS = [1024, 10 * 1024, 100 * 1024, 1024 * 1024]
 LIMIT_SECONDS = 8
 
 
-def limits_case(args, first, base_url):
+def limits_case(args, outdir, origins, ca):
     """`pickup get --limit-rate R` of a file of R x 8 bytes: the rate achieved against the limit."""
-    print(f"\n### speed limits: a file of {LIMIT_SECONDS} s at the limit, one run each")
-    print("| limit B/s | file | wall s | achieved B/s | achieved / limit |")
-    print("|---:|---:|---:|---:|---:|")
-    for rate in LIMITS:
-        name = f"limit-{rate}.bin"
-        out = os.path.join(outdir, name)
-        wall, _, _, code = run([args.pickup, "get", f"{base_url}/{name}", "-o", out, "-q", "--overwrite", "-x", "1",
-                                "--limit-rate", str(rate)])
-        size = rate * LIMIT_SECONDS
-        ok = code == 0 and os.path.getsize(out) == size
-        print(f"| {rate} | {size // 1024} KiB | {wall:.2f} | {size / wall:.0f} | {size / wall / rate:.3f}{'' if ok else ' (failed)'} |")
+    for scheme, origin in origins.items():
+        print(f"\n### speed limits: a file of {LIMIT_SECONDS} s at the limit, one run each, over {scheme}")
+        print("| limit B/s | file | wall s | achieved B/s | achieved / limit |")
+        print("|---:|---:|---:|---:|---:|")
+        for rate in LIMITS:
+            name = f"limit-{rate}.bin"
+            out = os.path.join(outdir, name)
+            url = f"{origin}/{name}"
+            wall, _, _, code = run([args.pickup, "get", url, "-o", out, "-q", "--overwrite", "-x", "1",
+                                    "--limit-rate", str(rate)] + trust("pickup", url, ca))
+            size = rate * LIMIT_SECONDS
+            ok = code == 0 and os.path.exists(out) and os.path.getsize(out) == size
+            print(f"| {rate} | {size // 1024} KiB | {wall:.2f} | {size / wall:.0f} | {size / wall / rate:.3f}{'' if ok else ' (failed)'} |")
+        sys.stdout.flush()
 
 
 class DaemonUnderTest:
@@ -607,4 +923,7 @@ def events_case(args, work, outdir, base_url, count=10_000, readers=50, stalled=
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--even-server"]:  # the mirrors-even case's servers, each in its own process
+        even_server(*sys.argv[2:])
+    else:
+        main()

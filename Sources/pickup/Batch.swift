@@ -127,7 +127,7 @@ struct Batch {
         let wanted = Set(ids)
         // What the list no longer names is forgotten (its partial bytes stay); what was paused goes on.
         for info in await manager.downloads() {
-            if !wanted.contains(info.id) { try? await manager.cancel(info.id, keepPartial: true) }
+            if !wanted.contains(info.id) { try? await manager.cancel(info.id) }
             if info.state == .paused { try? await manager.resume(info.id) }
         }
 

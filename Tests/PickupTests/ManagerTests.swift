@@ -176,7 +176,7 @@ extension DownloadManager {
             let m = try f.manager()
             let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
             await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 200_000 }
-            try await m.cancel(id, keepPartial: keep)
+            try await m.cancel(id, deletePartial: !keep)
             #expect(await m.download(id) == nil)
             await m.shutdown()  // waits for the transfer to end
             #expect(f.dir.entries.contains { $0.hasSuffix(".pickup-part") } == keep)

@@ -364,12 +364,13 @@ public actor DownloadManager {
         schedule()
     }
 
-    /// Cancels a download and forgets it. Its partial bytes are deleted unless `keepPartial`
-    /// (then adding the same URL and destination later resumes from them). A completed download's
-    /// file is kept: see ``remove(_:deleteFile:deletePartial:)``.
-    public func cancel(_ id: DownloadID, keepPartial: Bool = false) async throws(PickupError) {
+    /// Cancels a download and forgets it. Its partial bytes stay (adding the same URL and
+    /// destination later resumes from them) unless `deletePartial`: no call loses a download's
+    /// bytes unless asked to. A completed download's file is kept: see
+    /// ``remove(_:deleteFile:deletePartial:)``.
+    public func cancel(_ id: DownloadID, deletePartial: Bool = false) async throws(PickupError) {
         try checkKnown(id)
-        await delete(try forget(id, deletePartial: !keepPartial, deleteFile: false))
+        await delete(try forget(id, deletePartial: deletePartial, deleteFile: false))
     }
 
     /// Forgets a download. Nothing on disk is deleted unless asked:
