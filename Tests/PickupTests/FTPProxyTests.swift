@@ -110,6 +110,50 @@ struct FTPProxyTests {
         #expect(!ftp.log.lowercased().contains("foreign"), "a data connection went around the proxy: \(ftp.log)")
     }
 
+    /// Whether `localhost` names 127.0.0.1 and nothing else here (then a test can use the name).
+    static var localhostIsOnlyIPv4Loopback: Bool {
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var list: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo("localhost", nil, &hints, &list) == 0, let first = list else { return false }
+        defer { freeaddrinfo(first) }
+        var node: UnsafeMutablePointer<addrinfo>? = first
+        while let n = node {
+            guard n.pointee.ai_family == AF_INET, let address = n.pointee.ai_addr else { return false }
+            let ip = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr.s_addr }
+            if ip != inet_addr("127.0.0.1") { return false }
+            node = n.pointee.ai_next
+        }
+        return true
+    }
+
+    /// `socks5://` resolves the name here and gives microsocks the address; `socks5h://` gives it
+    /// the name (microsocks logs what it was asked to connect to).
+    @Test(.enabled(if: ProxyProcess.binary(.microsocks) != nil && localhostIsOnlyIPv4Loopback, "microsocks missing or localhost is not only 127.0.0.1"))
+    func socks5ResolvesHereAndSocks5hAtTheProxy() async throws {
+        let site = TempDir(), dir = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 300_000, seed: 87)
+        site.write("n.bin", body)
+        let ftp = try FTPServerProcess(root: site.path.string)
+        defer { ftp.stop() }
+        let url = "ftp://localhost:\(ftp.port)/n.bin"
+        let here = try ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
+        defer { here.stop() }
+        let there = try ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
+        defer { there.stop() }
+        let socksH = there.url.replacingOccurrences(of: "socks5://", with: "socks5h://")
+        let (a, b) = try await CLI.offPool {
+            (try CLI.capture(["get", url, "-o", dir.file("a").string, "--proxy", here.url], state: state.path),
+             try CLI.capture(["get", url, "-o", dir.file("b").string, "--proxy", socksH], state: state.path))
+        }
+        #expect(a.status == 0 && b.status == 0, "\(a.err) \(b.err)")
+        let same = dir.read("a") == body && dir.read("b") == body
+        #expect(same)
+        #expect(here.log.contains("connected to 127.0.0.1:\(ftp.port)") && !here.log.contains("localhost"), "\(here.log)")
+        #expect(there.log.contains("connected to localhost:\(ftp.port)"), "\(there.log)")
+        #expect(Self.clients(ftp) == ["127.0.0.2"], "\(ftp.log)")
+    }
+
     @Test func aDeadProxyFailsAndNeverGoesDirect() async throws {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         site.write("d.bin", Resource.bytes(count: 10_000, seed: 82))
