@@ -291,3 +291,38 @@ struct FTPProxyTests {
         #expect(first.log.contains("alice"), "\(first.log)")
     }
 }
+
+/// FTPS (explicit TLS, vsftpd) through a SOCKS5 proxy and through CONNECT tunnels: TLS on both
+/// connections inside the proxy's, certificates verified as without one. vsftpd refuses a data
+/// connection from another address than its control connection's (`pasv_promiscuous=NO`).
+@Suite(.serialized, .enabled(if: VsftpdProcess.binary != nil && FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"),
+                             "vsftpd or openssl missing, or not root"))
+struct FTPSProxyTests {
+    @Test(.enabled(if: ProxyProcess.binary(.microsocks) != nil && ProxyProcess.binary(.tinyproxy) != nil, "microsocks or tinyproxy missing"))
+    func explicitTLSThroughSOCKSAndTunnels() async throws {
+        let site = TempDir(), keys = TempDir(), dir = TempDir(), state = TempDir()
+        let body = Resource.bytes(count: 1 << 20, seed: 88)
+        site.write("p.bin", body)
+        chmod(site.file("p.bin").string, 0o644)
+        let (cert, key) = try makeLoopbackCertificate(in: keys)
+        let ftp = try VsftpdProcess(root: site.path.string, certificate: (cert, key))
+        defer { ftp.stop() }
+        let socks = try ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
+        defer { socks.stop() }
+        let http = try ProxyProcess(.tinyproxy)
+        defer { http.stop() }
+        let url = ftp.url("/p.bin", secure: true)
+        let (viaSOCKS, viaTunnel) = try await CLI.offPool {
+            (try CLI.capture(["get", url, "-o", dir.file("s").string, "-x", "2", "--ca-certificate", cert, "--proxy", socks.url], state: state.path),
+             try CLI.capture(["get", url, "-o", dir.file("t").string, "--ca-certificate", cert, "--proxy", http.url, "--proxytunnel"],
+                             state: state.path))
+        }
+        #expect(viaSOCKS.status == 0, "\(viaSOCKS.err) \(ftp.log)")
+        #expect(viaTunnel.status == 0, "\(viaTunnel.err) \(ftp.log) \(http.log)")
+        let same = dir.read("s") == body && dir.read("t") == body
+        #expect(same)
+        #expect(ftp.log.contains("Client \"127.0.0.2\", \"RETR"), "\(ftp.log)")
+        #expect(socks.connections(to: ftp.port) >= 1, "\(socks.log)")
+        #expect(http.log.components(separatedBy: "\n").filter { $0.contains("CONNECT 127.0.0.1:") }.count >= 2, "\(http.log)")
+    }
+}
