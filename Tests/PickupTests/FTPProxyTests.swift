@@ -173,6 +173,15 @@ struct FTPProxyTests {
         }
         #expect(Self.clients(ftp).isEmpty, "a download went around the dead proxy: \(ftp.log)")
         #expect(dir.read("d.bin") == nil)
+        // --noproxy and no_proxy decide, as for HTTP: then it goes direct.
+        let (option, variable) = try await CLI.offPool {
+            (try CLI.capture(["get", ftp.url("/d.bin"), "-o", dir.file("n").string, "--proxy", "socks5h://127.0.0.1:\(dead)", "--noproxy",
+                              "127.0.0.1"], state: state.path),
+             try CLI.capture(["get", ftp.url("/d.bin"), "-o", dir.file("v").string], state: state.path,
+                             environment: ["all_proxy": "socks5://127.0.0.1:\(dead)", "no_proxy": "127.0.0.1"]))
+        }
+        #expect(option.status == 0 && variable.status == 0, "\(option.err) \(variable.err)")
+        #expect(dir.read("n") == Resource.bytes(count: 10_000, seed: 82) && dir.read("v") == dir.read("n"))
     }
 
     /// Squid's FTP gateway: `GET ftp://host/path` in absolute form, answered in HTTP. An ftps://
