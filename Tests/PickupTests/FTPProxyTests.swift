@@ -1,4 +1,5 @@
 import Foundation
+import NIOSOCKS
 import PickupDaemon
 import SystemPackage
 import Testing
@@ -57,6 +58,16 @@ import TestServer
         #expect(try HTTPClientTransport.ftpRoute("ftp://a/f", secure: false, proxies: ProxyRules()) == .direct)
         let parsed = try ProxyTransport.parse("ftp://a.example/dir/f%20g.bin")
         #expect(parsed.absolute == "ftp://a.example/dir/f%20g.bin" && parsed.target.port == 21 && !parsed.target.tls)
+    }
+
+    @Test func aSOCKSFailureInWords() throws {
+        let p = try ProxyURL(parsing: "socks5h://s:1080")
+        #expect(SOCKSReady.failure(SOCKSError.ConnectionFailed(reply: .refused), proxy: p)
+            == .transient("the SOCKS proxy socks5h://s:1080 could not connect to the FTP server: connection refused"))
+        #expect(SOCKSReady.failure(SOCKSError.ConnectionFailed(reply: .notAllowed), proxy: p)
+            == .refused("the SOCKS proxy socks5h://s:1080 refuses to connect to the FTP server (not allowed by its rules)"))
+        #expect(SOCKSReady.failure(SOCKSError.ConnectionFailed(reply: SOCKSServerReply(value: 200)), proxy: p)
+            == .transient("the SOCKS proxy socks5h://s:1080 could not connect to the FTP server: reply 200"))
     }
 
     @Test func aLoginIsNeverShown() throws {

@@ -134,9 +134,34 @@ final class SOCKSReady: ChannelInboundHandler, RemovableChannelHandler {
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         if !done {
             done = true
-            ready.fail(TransportError.transient("the SOCKS proxy \(proxy) did not connect to the FTP server (\(error))"))
+            ready.fail(Self.failure(error, proxy: proxy))
         }
         context.fireErrorCaught(error)
+    }
+
+    /// A SOCKS failure in words (RFC 1928's reply codes): the proxy's rules or its wish for a login
+    /// are refusals, the rest worth a retry.
+    static func failure(_ error: any Error, proxy: ProxyURL) -> TransportError {
+        if error is SOCKSError.NoValidAuthenticationMethod {
+            return .refused("the SOCKS proxy \(proxy) requires a login, which Pickup does not support")
+        }
+        guard let failed = error as? SOCKSError.ConnectionFailed else {
+            if let known = error as? TransportError { return known }
+            return .transient("the SOCKS proxy \(proxy) broke the protocol (\(error))")
+        }
+        let why: String
+        switch failed.reply.value {
+        case 1: why = "a failure of its own"
+        case 2: return .refused("the SOCKS proxy \(proxy) refuses to connect to the FTP server (not allowed by its rules)")
+        case 3: why = "network unreachable"
+        case 4: why = "host unreachable"
+        case 5: why = "connection refused"
+        case 6: why = "TTL expired"
+        case 7: why = "command not supported"
+        case 8: why = "address type not supported"
+        default: why = "reply \(failed.reply.value)"
+        }
+        return .transient("the SOCKS proxy \(proxy) could not connect to the FTP server: \(why)")
     }
 
     func channelInactive(context: ChannelHandlerContext) {

@@ -143,8 +143,8 @@ final class FTPTransport: Sendable {
             // once for both connections. On the blocking pool: getaddrinfo blocks (its own resolver
             // timeouts bound it).
             let host = target.host, port = target.port
-            let resolved = try await BlockingIO.run { try SocketAddress.makeAddressResolvingHost(host, port: port) }
-            guard let ip = resolved.ipAddress else { throw TransportError.unresolved(host: host) }
+            let resolved = try? await BlockingIO.run { try SocketAddress.makeAddressResolvingHost(host, port: port) }
+            guard let ip = resolved?.ipAddress else { throw TransportError.unresolved(host: host) }
             reach.host = ip
         }
         let control = try await FTPControl.connect(reach, port: target.port, on: loop, timeout: connectTimeout,
