@@ -222,7 +222,7 @@ public final class Daemon: Sendable {
     /// to reach directly (and tunnelled as `started` says).
     static func proxyRules(_ text: String, over started: ProxyRules) throws(PickupError) -> ProxyRules {
         let p = try ProxyURL(parsing: text)
-        return ProxyRules(http: p, https: p, noProxy: started.noProxy, tunnel: started.tunnel)
+        return ProxyRules(http: p, https: p, ftp: p, noProxy: started.noProxy, tunnel: started.tunnel)
     }
 
     /// The settings as they are now (the proxy's password as `***` unless `secrets`, for the file).

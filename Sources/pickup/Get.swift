@@ -227,8 +227,8 @@ struct EngineFlags: ParsableArguments {
     var caCertificate: String?
 
     @Option(help: ArgumentHelp(
-        "Send requests through this proxy: http://[user:password@]host:port (http URLs in absolute form, https through CONNECT), socks5:// or socks5h://. "
-            + "Without it, http_proxy, https_proxy, all_proxy and no_proxy apply; \"\" turns proxies off.",
+        "Send requests through this proxy: http://[user:password@]host:port (http and ftp URLs in absolute form, https through CONNECT), socks5:// or socks5h:// "
+            + "(FTP's control and data connections too). Without it, http_proxy, https_proxy, ftp_proxy, all_proxy and no_proxy apply; \"\" turns proxies off.",
         valueName: "url"))
     var proxy: String?
 
@@ -236,7 +236,7 @@ struct EngineFlags: ParsableArguments {
                                valueName: "list"))
     var noproxy: String?
 
-    @Flag(help: "Through an HTTP proxy, tunnel http URLs with CONNECT too (as https always is) instead of sending them in absolute form.")
+    @Flag(help: "Through an HTTP proxy, tunnel http URLs with CONNECT too (as https always is) instead of sending them in absolute form; ftp and ftps URLs then go through CONNECT tunnels (control and data connections).")
     var proxytunnel = false
 
     @Option(help: ArgumentHelp("Refuse a file larger than this (K, M, G are 1024-based); a body without a length is stopped there.",

@@ -26,13 +26,17 @@ enum CLI {
         return URL(fileURLWithPath: p)
     }()
 
+    /// The environment's proxy settings, left out of every `pickup` a test starts unless it sets them.
+    static let proxyVariables = ["http_proxy", "https_proxy", "HTTPS_PROXY", "ftp_proxy", "FTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy",
+                                 "NO_PROXY"]
+
     static func start(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> Process {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binary)
         p.currentDirectoryURL = workingDirectory
         p.arguments = args
         var env = ProcessInfo.processInfo.environment
-        for name in ["http_proxy", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"] { env[name] = nil }
+        for name in proxyVariables { env[name] = nil }
         env.merge(environment) { $1 }
         env["PICKUP_STATE_DIR"] = state.string
         p.environment = env

@@ -186,7 +186,10 @@ extension AbsoluteFormTests {
         let v6 = try ProxyTransport.parse("https://[::1]/f")
         #expect(v6.absolute == "https://[::1]/f" && v6.hostField == "[::1]" && v6.target.port == 443 && v6.isIPAddress)
         #expect(try ProxyTransport.parse("http://h").origin == "/")
-        #expect(throws: TransportError.self) { try ProxyTransport.parse("ftp://h/f") }
+        // ftp:// in absolute form (a proxy's FTP gateway); ftps:// never goes through a proxy this way.
+        #expect(try ProxyTransport.parse("ftp://h/f").absolute == "ftp://h/f")
+        #expect(throws: TransportError.self) { try ProxyTransport.parse("ftps://h/f") }
+        #expect(throws: TransportError.self) { try ProxyTransport.parse("gopher://h/f") }
     }
 }
 

@@ -11,7 +11,7 @@ import TestServer
         let env = ["http_proxy": "http://p1:3128", "HTTPS_PROXY": "socks5h://p2:1080", "no_proxy": "internal.example, .corp,10.0.0.1"]
         let rules = try ProxyRules.resolve(proxy: nil, noProxy: nil, environment: env)
         #expect(rules.proxy(for: "http://a.example/x")?.host == "p1")
-        #expect(rules.proxy(for: "https://a.example/x")?.description == "socks5://p2:1080")
+        #expect(rules.proxy(for: "https://a.example/x")?.description == "socks5h://p2:1080")  // the form given: the proxy resolves names
         #expect(rules.proxy(for: "http://internal.example/x") == nil)
         #expect(rules.proxy(for: "http://deep.internal.example/x") == nil)
         #expect(rules.proxy(for: "http://host.corp/x") == nil)

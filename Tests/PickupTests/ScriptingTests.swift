@@ -8,12 +8,14 @@ import TestServer
 
 extension CLI {
     /// Runs `pickup` with its state in `state`; returns the exit status, standard output and error.
-    static func capture(_ args: [String], state: FilePath) throws -> (status: Int32, out: String, err: String) {
+    static func capture(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> (status: Int32, out: String, err: String) {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binary)
         p.currentDirectoryURL = workingDirectory
         p.arguments = args
         var env = ProcessInfo.processInfo.environment
+        for name in proxyVariables { env[name] = nil }
+        env.merge(environment) { $1 }
         env["PICKUP_STATE_DIR"] = state.string
         p.environment = env
         let out = Pipe(), err = Pipe()

@@ -20,7 +20,9 @@ public final class ProxyProcess: @unchecked Sendable {
     public var url: String { (kind == .tinyproxy ? "http" : "socks5") + "://127.0.0.1:\(port)" }
 
     /// `extraConfig`: lines added to tinyproxy's configuration (`BasicAuth user password`, say).
-    public init(_ kind: Kind, extraConfig: String = "") throws {
+    /// `bindOutgoing`: the local address microsocks connects from (`-b`: another loopback
+    /// address, so that a server sees which connections came through the proxy).
+    public init(_ kind: Kind, extraConfig: String = "", bindOutgoing: String? = nil) throws {
         guard let binary = Self.binary(kind) else { throw NSError(domain: "proxy not installed", code: 1) }
         self.kind = kind
         work = NSTemporaryDirectory() + "pickup-proxy-" + UUID().uuidString
@@ -43,7 +45,7 @@ public final class ProxyProcess: @unchecked Sendable {
             try conf.write(toFile: work + "/proxy.conf", atomically: true, encoding: .utf8)
             arguments = ["-d", "-c", work + "/proxy.conf"]
         case .microsocks:
-            arguments = ["-i", "127.0.0.1", "-p", "\(port)"]
+            arguments = ["-i", "127.0.0.1", "-p", "\(port)"] + (bindOutgoing.map { ["-b", $0] } ?? [])
         }
         process = try LocalServer.launch(binary, arguments, work: work, port: port, seconds: 10, name: "\(kind)",
                                          logs: [work + "/proxy.log"])

@@ -2,6 +2,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import NIOSOCKS
 import NIOSSL
 import NIOTLS
 
@@ -27,20 +28,44 @@ import NIOTLS
 /// The data connection goes to the control connection's peer address, whatever a `PASV` reply
 /// names. Its bytes take the per-chunk path of HTTP: the sink's `receiveBody` on the loop, reads
 /// sized by the shared ``ReadBudget``, a speed limit's pause turning reading off.
+///
+/// Through a proxy (``Route``) both connections go through it, never around it: a SOCKS5 proxy
+/// connects each to the URL's host (the data connection to the `EPSV`/`PASV` port), or an HTTP
+/// proxy opens a `CONNECT` tunnel for each (`--proxytunnel`). An HTTP proxy in absolute form
+/// (`GET ftp://host/path`, Squid's FTP gateway) is not this type's: ``ProxyTransport`` sends those.
 final class FTPTransport: Sendable {
     let loops: [any EventLoop]
     let connectTimeout: TimeAmount
     let replyTimeout: TimeAmount
     let budget: ReadBudget
     let tls: TLSConfiguration
+    let userAgent: String
     let sslContext = NIOLockedValueBox<NIOSSLContext?>(nil)
 
-    init(loops: [any EventLoop], connectTimeout: Double, replyTimeout: TimeAmount, budget: ReadBudget, tls: TLSConfiguration) {
+    /// How a request's connections reach the server.
+    enum Route: Sendable, Equatable {
+        case direct
+        /// Each connection through this SOCKS5 proxy.
+        case socks(ProxyURL)
+        /// Each connection through a `CONNECT` tunnel of this HTTP proxy.
+        case tunnel(ProxyURL)
+
+        var proxy: ProxyURL? {
+            switch self {
+            case .direct: nil
+            case .socks(let p), .tunnel(let p): p
+            }
+        }
+    }
+
+    init(loops: [any EventLoop], connectTimeout: Double, replyTimeout: TimeAmount, budget: ReadBudget, tls: TLSConfiguration,
+         userAgent: String = "pickup/\(PickupVersion.string)") {
         self.loops = loops
         self.connectTimeout = Seconds.timeAmount(connectTimeout)
         self.replyTimeout = replyTimeout
         self.budget = budget
         self.tls = tls
+        self.userAgent = userAgent
     }
 
     func context() throws -> NIOSSLContext {
@@ -108,22 +133,57 @@ final class FTPTransport: Sendable {
         return ((first, last), ifRange)
     }
 
-    func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink, stall: TimeAmount) async throws {
+    func fetch<Sink: ResponseSink>(_ request: FetchRequest, route: Route = .direct, into sink: Sink, stall: TimeAmount) async throws {
         let target = try Self.target(request.url, headers: request.headers)
         let (range, ifRange) = Self.range(request.headers)
         let loop = request.lane.map { loops[$0 % loops.count] } ?? loops[Int.random(in: 0..<loops.count)]
-        let control = try await FTPControl.connect(host: target.host, port: target.port, on: loop, timeout: connectTimeout,
+        var reach = FTPConnection.Reach(host: target.host, route: route, handshakeTimeout: replyTimeout, userAgent: userAgent)
+        if case .socks(let proxy) = route, !proxy.resolvesAtProxy, !DownloadURL.isIPAddress(target.host) {
+            // socks5:// (not socks5h://): the name is resolved here and the proxy is given the address,
+            // once for both connections. On the blocking pool: getaddrinfo blocks (its own resolver
+            // timeouts bound it).
+            let host = target.host, port = target.port
+            let resolved = try? await BlockingIO.run { try SocketAddress.makeAddressResolvingHost(host, port: port) }
+            guard let ip = resolved?.ipAddress else { throw TransportError.unresolved(host: host) }
+            reach.host = ip
+        }
+        let control = try await FTPControl.connect(reach, port: target.port, on: loop, timeout: connectTimeout,
                                                    replyTimeout: replyTimeout, budget: budget)
         defer { control.close() }
-        try await withTaskCancellationHandler {
-            try await session(control, target: target, range: range, ifRange: ifRange, stall: stall, sink: sink)
-        } onCancel: {
-            control.close()
+        do {
+            try await withTaskCancellationHandler {
+                try await session(control, reach: reach, target: target, range: range, ifRange: ifRange, stall: stall, sink: sink)
+            } onCancel: {
+                control.close()
+            }
+        } catch let e as TransportError {
+            throw Self.hidingLogin(e, of: target)
         }
     }
 
-    private func session<Sink: ResponseSink>(_ control: FTPControl, target: Target, range: (first: Int64, last: Int64?)?,
-                                             ifRange: String?, stall: TimeAmount, sink: Sink) async throws {
+    /// The error with the login's user name and password (a server may repeat them in its reply)
+    /// replaced by `***`: neither is ever shown.
+    static func hidingLogin(_ error: TransportError, of target: Target) -> TransportError {
+        func hide(_ text: String) -> String {
+            var text = text
+            for secret in [target.password, target.user] where secret.count >= 3 && !["anonymous", "anonymous@", "ftp"].contains(secret) {
+                text = text.replacingOccurrences(of: secret, with: "***")
+            }
+            return text
+        }
+        switch error {
+        case .transient(let m): return .transient(hide(m))
+        case .fatal(let m): return .fatal(hide(m))
+        case .protocolViolation(let m): return .protocolViolation(hide(m))
+        case .refused(let m): return .refused(hide(m))
+        case .busy(let m): return .busy(hide(m))
+        case .unresolved, .stalled, .proxyRefused: return error
+        }
+    }
+
+    private func session<Sink: ResponseSink>(_ control: FTPControl, reach: FTPConnection.Reach, target: Target,
+                                             range: (first: Int64, last: Int64?)?, ifRange: String?, stall: TimeAmount,
+                                             sink: Sink) async throws {
         var reply = try await control.reply()
         guard reply.code == 220 else { throw Self.failure(reply, doing: "connecting") }
         if target.secure {
@@ -146,7 +206,8 @@ final class FTPTransport: Sendable {
             if reply.code == 421 || reply.kind == 4 || Self.saysTooMany(reply) {
                 throw Self.failure(reply, doing: "logging in")
             }
-            throw TransportError.refused("the FTP server refused the login as \(target.user) (\(reply.summary))")
+            // The user name is a secret as the password is (a token, often): never shown.
+            throw TransportError.refused("the FTP server refused the login as \(target.user == "anonymous" ? "anonymous" : "***") (\(reply.summary))")
         }
         reply = try await control.send("TYPE I")
         guard reply.kind == 2 else { throw Self.failure(reply, doing: "switching to binary mode") }
@@ -197,7 +258,7 @@ final class FTPTransport: Sendable {
             if let size { headers.append(("Content-Length", "\(size)")) }
             try sink.receiveHead(ResponseHead(status: 200, headers: headers))
         }
-        let data = try await FTPData.connect(to: control.peer, port: dataPort, on: control.channel.eventLoop,
+        let data = try await FTPData.connect(reach, direct: control.peer, port: dataPort, on: control.channel.eventLoop,
                                              timeout: connectTimeout, budget: budget,
                                              tls: target.secure ? (try context(), target.serverName) : nil)
         defer { data.close() }
@@ -269,28 +330,24 @@ final class FTPControl: Sendable {
         self.peer = peer
     }
 
-    static func connect(host: String, port: Int, on loop: any EventLoop, timeout: TimeAmount, replyTimeout: TimeAmount,
+    static func connect(_ reach: FTPConnection.Reach, port: Int, on loop: any EventLoop, timeout: TimeAmount, replyTimeout: TimeAmount,
                         budget: ReadBudget) async throws -> FTPControl {
         // The handler is held from the start: a server that greets with 421 and hangs up at once
         // leaves a closed channel with no pipeline to look it up in, and the reply is in it.
         let added = loop.makePromise(of: NIOLoopBound<FTPControlHandler>.self)
         let channel: any Channel
         do {
-            channel = try await ClientBootstrap(group: loop)
-                .connectTimeout(timeout)
-                .channelOption(ChannelOptions.tcpOption(.tcp_nodelay), value: 1)
-                .channelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        let handler = FTPControlHandler()
-                        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FTPLineDecoder()))
-                        try channel.pipeline.syncOperations.addHandler(handler)
-                        added.succeed(NIOLoopBound(handler, eventLoop: channel.eventLoop))
-                    }
-                }
-                .connect(host: host, port: port).get()
+            channel = try await FTPConnection.open(reach, port: port, direct: nil, on: loop, timeout: timeout, autoRead: true, configure: {
+                $0.channelOption(ChannelOptions.tcpOption(.tcp_nodelay), value: 1)
+            }) { ops in
+                let handler = FTPControlHandler()
+                try ops.addHandler(ByteToMessageHandler(FTPLineDecoder()))
+                try ops.addHandler(handler)
+                added.succeed(NIOLoopBound(handler, eventLoop: loop))
+            }
         } catch {
             added.fail(error)  // unless it was added
-            throw HTTPClientTransport.classify(error)
+            throw error
         }
         added.fail(TransportError.transient("the FTP control connection has no handler"))  // unless it was added
         let handler = try await added.futureResult.get()
@@ -459,27 +516,20 @@ final class FTPData: Sendable {
         self.handler = handler
     }
 
-    static func connect(to peer: SocketAddress, port: Int, on loop: any EventLoop, timeout: TimeAmount,
+    /// A data connection to `port`: of the control connection's peer when direct, else of the host
+    /// the proxy reaches.
+    static func connect(_ reach: FTPConnection.Reach, direct peer: SocketAddress, port: Int, on loop: any EventLoop, timeout: TimeAmount,
                         budget: ReadBudget, tls: (NIOSSLContext, String?)?) async throws -> FTPData {
         var address = peer
         address.port = port
-        let channel: any Channel
-        do {
-            channel = try await ClientBootstrap(group: loop)
-                .connectTimeout(timeout)
-                .channelOption(ChannelOptions.autoRead, value: false)
+        let channel = try await FTPConnection.open(reach, port: port, direct: address, on: loop, timeout: timeout, autoRead: false, configure: {
+            $0.channelOption(ChannelOptions.autoRead, value: false)
                 .channelOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
-                .channelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        if let (context, name) = tls {
-                            try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: context, serverHostname: name))
-                        }
-                        try channel.pipeline.syncOperations.addHandler(FTPDataHandler())
-                    }
-                }
-                .connect(to: address).get()
-        } catch {
-            throw HTTPClientTransport.classify(error)
+        }) { ops in
+            if let (context, name) = tls {
+                try ops.addHandler(try NIOSSLClientHandler(context: context, serverHostname: name))
+            }
+            try ops.addHandler(FTPDataHandler())
         }
         let handler = try await channel.eventLoop.submit {
             NIOLoopBound(try channel.pipeline.syncOperations.handler(type: FTPDataHandler.self), eventLoop: channel.eventLoop)

@@ -118,7 +118,8 @@ public final class HTTPClientTransport: Transport {
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
         viaProxy = ProxyTransport(loops: loops, tls: tls, connectTimeout: options.connectTimeout, headTimeout: headTimeout,
                                   budget: budget, userAgent: options.userAgent)
-        ftp = FTPTransport(loops: loops, connectTimeout: options.connectTimeout, replyTimeout: headTimeout, budget: budget, tls: tls)
+        ftp = FTPTransport(loops: loops, connectTimeout: options.connectTimeout, replyTimeout: headTimeout, budget: budget, tls: tls,
+                           userAgent: options.userAgent)
     }
 
     public func stallTimeout(patience: Int) -> Double? {
@@ -165,13 +166,33 @@ public final class HTTPClientTransport: Transport {
         return (0...(bytes.count - marker.count)).contains { i in bytes[i] == marker[0] && bytes[i..<(i + marker.count)].elementsEqual(marker) }
     }
 
+    /// How an `ftp://` or `ftps://` request goes: FTP directly, FTP through a SOCKS5 proxy or
+    /// `CONNECT` tunnels (``FTPTransport``), or, nil, to an HTTP proxy in absolute form
+    /// (``ProxyTransport``). Never direct while a proxy applies: an `ftps://` URL that an HTTP
+    /// proxy cannot carry (no `--proxytunnel`: a proxy's FTP gateway speaks plain FTP) is refused.
+    static func ftpRoute(_ url: String, secure: Bool, proxies: ProxyRules) throws(TransportError) -> FTPTransport.Route? {
+        guard let proxy = proxies.proxy(for: url) else { return .direct }
+        switch proxy.kind {
+        case .socks5: return .socks(proxy)
+        case .http:
+            if proxies.tunnel { return .tunnel(proxy) }
+            if secure {
+                throw .refused("an ftps:// URL cannot go through the HTTP proxy \(proxy) without --proxytunnel (its FTP gateway "
+                    + "speaks plain FTP): add --proxytunnel to reach the server through CONNECT tunnels, or exclude the host with --noproxy")
+            }
+            return nil
+        }
+    }
+
     public func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
-        if let scheme = request.url.split(separator: ":", maxSplits: 1).first?.lowercased(), scheme == "ftp" || scheme == "ftps" {
+        if let scheme = request.url.split(separator: ":", maxSplits: 1).first?.lowercased(), scheme == "ftp" || scheme == "ftps",
+            let route = try Self.ftpRoute(request.url, secure: scheme == "ftps", proxies: proxies)
+        {
             let stall = Seconds.timeAmount(stallTimeout(patience: request.patience) ?? stallTimeout)
             budget.inFlight.wrappingIncrement(ordering: .relaxed)
             defer { budget.inFlight.wrappingDecrement(ordering: .relaxed) }
             do {
-                try await ftp.fetch(request, into: sink, stall: stall)
+                try await ftp.fetch(request, route: route, into: sink, stall: stall)
             } catch {
                 try Task.checkCancellation()
                 throw Self.classify(error)
@@ -183,11 +204,9 @@ public final class HTTPClientTransport: Transport {
             // The user's User-Agent or Accept replaces ours; any other field is added as given.
             if defaultHeaders.contains(name: name) { headers.replaceOrAdd(name: name, value: value) } else { headers.add(name: name, value: value) }
         }
-        let req: HTTPClient.Request
         do {
             // Checked first: AsyncHTTPClient traps on some URLs it parses (a port out of range).
             try DownloadURL.check(request.url)
-            req = try HTTPClient.Request(url: request.url, method: .GET, headers: headers)
         } catch {
             throw TransportError.fatal("invalid URL \(DownloadURL.redacted(request.url)): \(error)")
         }
@@ -211,6 +230,16 @@ public final class HTTPClientTransport: Transport {
                 throw Self.classify(error)
             }
             return
+        }
+        if request.url.lowercased().hasPrefix("ftp") {
+            // An ftp:// URL reaches here only for an HTTP proxy in absolute form (above).
+            throw TransportError.fatal("no route for \(DownloadURL.redacted(request.url))")
+        }
+        let req: HTTPClient.Request
+        do {
+            req = try HTTPClient.Request(url: request.url, method: .GET, headers: headers)
+        } catch {
+            throw TransportError.fatal("invalid URL \(DownloadURL.redacted(request.url)): \(error)")
         }
         let delegate = SinkDelegate(sink)
         let task = client(via: proxy, patience: patience).execute(request: req, delegate: delegate, eventLoop: preference)

@@ -1,9 +1,10 @@
 import Foundation
 
-/// A proxy: `http://[user:password@]host:port` (absolute form for http URLs, CONNECT for https
-/// ones: ``ProxyTransport``), or `socks5://host:port`
-/// and `socks5h://host:port` (both resolve names at the proxy: AsyncHTTPClient's SOCKS client sends
-/// the host name).
+/// A proxy: `http://[user:password@]host:port` (absolute form for http and ftp URLs, CONNECT for
+/// https ones: ``ProxyTransport``), or `socks5://host:port` and `socks5h://host:port`. For http and
+/// https both SOCKS forms send the host name (AsyncHTTPClient's SOCKS client resolves nothing); for
+/// ftp and ftps (``FTPTransport``) `socks5h` sends the name and `socks5` sends the address the name
+/// resolves to here.
 public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
     public enum Kind: String, Sendable, Hashable { case http, socks5 }
     public var kind: Kind
@@ -11,6 +12,8 @@ public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
     public var port: Int
     public var user: String?
     public var password: String?
+    /// `socks5h://`: the proxy resolves the names (for FTP; see the type's note).
+    public var resolvesAtProxy: Bool
 
     /// Parses a proxy URL (a bare `host:port` is an HTTP proxy, as curl takes it).
     /// - Throws: ``PickupError/invalidInput(_:)``.
@@ -30,6 +33,7 @@ public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
         default: throw .invalidInput("proxy scheme \(scheme) is not supported (http, socks5, socks5h)")
         }
         if let port = u.port, !(1...65535).contains(port) { throw .invalidInput("proxy port \(port) is out of range") }
+        resolvesAtProxy = scheme != "socks5"
         self.host = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
         self.port = u.port ?? (kind == .http ? 3128 : 1080)
         user = u.user(percentEncoded: false)
@@ -40,7 +44,7 @@ public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// `scheme://host:port`, credentials left out.
-    public var description: String { "\(kind.rawValue)://\(host):\(port)" }
+    public var description: String { "\(kind == .socks5 && resolvesAtProxy ? "socks5h" : kind.rawValue)://\(host):\(port)" }
 
     /// A proxy setting as text, its user information hidden in every form (`user:pw@host:port`
     /// included, which has no scheme).
@@ -51,7 +55,9 @@ public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
 
 /// Which proxy each request goes through: curl's rules. `--proxy` for every URL, else the
 /// environment's `http_proxy` (lower case only: `HTTP_PROXY` can be set by a CGI client),
-/// `https_proxy`/`HTTPS_PROXY`, then `all_proxy`/`ALL_PROXY`; hosts in `--noproxy` or
+/// `https_proxy`/`HTTPS_PROXY`, `ftp_proxy`/`FTP_PROXY` (for ftp and ftps), then
+/// `all_proxy`/`ALL_PROXY`; an ftp or ftps URL with no proxy of its own takes the http one (a
+/// proxy the user set is never bypassed for lack of an FTP-specific one); hosts in `--noproxy` or
 /// `no_proxy`/`NO_PROXY` (comma-separated; a name matches itself and its subdomains; `*` matches
 /// every host) go direct.
 public struct ProxyRules: Sendable, Equatable {
@@ -59,6 +65,8 @@ public struct ProxyRules: Sendable, Equatable {
     public var http: ProxyURL?
     /// For https URLs.
     public var https: ProxyURL?
+    /// For ftp and ftps URLs (nil: the http one).
+    public var ftp: ProxyURL?
     /// Hosts that go direct.
     public var noProxy: [String]
     /// Through an HTTP proxy, `http://` URLs go through a CONNECT tunnel too (curl's
@@ -66,9 +74,10 @@ public struct ProxyRules: Sendable, Equatable {
     public var tunnel: Bool
 
     /// No proxy at all.
-    public init(http: ProxyURL? = nil, https: ProxyURL? = nil, noProxy: [String] = [], tunnel: Bool = false) {
+    public init(http: ProxyURL? = nil, https: ProxyURL? = nil, ftp: ProxyURL? = nil, noProxy: [String] = [], tunnel: Bool = false) {
         self.http = http
         self.https = https
+        self.ftp = ftp
         self.noProxy = noProxy
         self.tunnel = tunnel
     }
@@ -84,17 +93,18 @@ public struct ProxyRules: Sendable, Equatable {
         if let proxy {
             if proxy.isEmpty { return ProxyRules() }
             let p = try ProxyURL(parsing: proxy)
-            return ProxyRules(http: p, https: p, noProxy: skip, tunnel: tunnel)
+            return ProxyRules(http: p, https: p, ftp: p, noProxy: skip, tunnel: tunnel)
         }
         let all = try value("all_proxy", "ALL_PROXY").map { text throws(PickupError) in try ProxyURL(parsing: text) }
         let http = try value("http_proxy").map { text throws(PickupError) in try ProxyURL(parsing: text) } ?? all
         let https = try value("https_proxy", "HTTPS_PROXY").map { text throws(PickupError) in try ProxyURL(parsing: text) } ?? all
-        return ProxyRules(http: http, https: https, noProxy: skip, tunnel: tunnel)
+        let ftp = try value("ftp_proxy", "FTP_PROXY").map { text throws(PickupError) in try ProxyURL(parsing: text) } ?? all
+        return ProxyRules(http: http, https: https, ftp: ftp, noProxy: skip, tunnel: tunnel)
     }
 
     /// The proxy for a request to `url`, nil to go direct.
     public func proxy(for url: String) -> ProxyURL? {
-        guard http != nil || https != nil, let u = URL(string: url), let host = u.host?.lowercased() else { return nil }
+        guard http != nil || https != nil || ftp != nil, let u = URL(string: url), let host = u.host?.lowercased() else { return nil }
         let bare = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
         for entry in noProxy {
             if entry == "*" { return nil }
@@ -105,9 +115,13 @@ public struct ProxyRules: Sendable, Equatable {
             name = name.hasPrefix("[") ? String(name.dropFirst().dropLast()) : name
             if bare == name || bare.hasSuffix("." + name) { return nil }
         }
-        return u.scheme?.lowercased() == "https" ? https : http
+        switch u.scheme?.lowercased() {
+        case "https": return https
+        case "ftp", "ftps": return ftp ?? http
+        default: return http
+        }
     }
 
     /// Every proxy the rules may pick.
-    var all: Set<ProxyURL> { Set([http, https].compactMap { $0 }) }
+    var all: Set<ProxyURL> { Set([http, https, ftp].compactMap { $0 }) }
 }

@@ -75,12 +75,13 @@ final class ProxyTransport: Sendable {
     }
 
     static func parse(_ url: String) throws(TransportError) -> Parsed {
-        guard let c = URLComponents(string: url), let scheme = c.scheme?.lowercased(), scheme == "http" || scheme == "https",
+        // ftp:// goes to the proxy in absolute form only (its FTP gateway: Squid's), never tunnelled here.
+        guard let c = URLComponents(string: url), let scheme = c.scheme?.lowercased(), ["http", "https", "ftp"].contains(scheme),
             let rawHost = c.percentEncodedHost ?? c.host, !rawHost.isEmpty
         else { throw .fatal("invalid URL \(DownloadURL.redacted(url))") }
         let bare = rawHost.hasPrefix("[") ? String(rawHost.dropFirst().dropLast()) : rawHost
         let tls = scheme == "https"
-        let defaultPort = tls ? 443 : 80
+        let defaultPort = scheme == "ftp" ? 21 : tls ? 443 : 80
         let port = c.port ?? defaultPort
         guard (1...65535).contains(port) else { throw .fatal("invalid URL \(DownloadURL.redacted(url))") }
         let uriHost = bare.contains(":") ? "[\(bare)]" : bare
@@ -96,7 +97,7 @@ final class ProxyTransport: Sendable {
     func fetch(_ request: FetchRequest, headers: HTTPHeaders, via proxy: ProxyURL, tunnelAlways: Bool, stall: TimeAmount,
                into sink: some ResponseSink) async throws {
         let url = try Self.parse(request.url)
-        let tunnel = url.target.tls || tunnelAlways
+        let tunnel = (url.target.tls || tunnelAlways) && !url.absolute.hasPrefix("ftp:")
         let key = Key(proxy: proxy, tunnel: tunnel ? url.target : nil)
         var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: tunnel ? url.origin : url.absolute)
         head.headers.add(name: "Host", value: url.hostField)
