@@ -103,7 +103,8 @@ struct ServeProcess {
     @Test func aDownloadRunningAtTwoDeathsStartsPausedAndTheQueueRuns() async throws {
         let server = try await TestServer.start()
         let root = TempDir(), state = TempDir()
-        server.set("/loop.bin", Resource(body: Resource.bytes(count: 1 << 20, seed: 8), faults: [.stallAfter(1000)]))
+        // Every answer stalls after 1,000 bytes (a fault a request): the download stays running until killed.
+        server.set("/loop.bin", Resource(body: Resource.bytes(count: 1 << 20, seed: 8), faults: Array(repeating: .stallAfter(1000), count: 50)))
         let body = Resource.bytes(count: 300_000, seed: 9)
         server.set("/ok.bin", Resource(body: body))
         var asked = 0

@@ -56,6 +56,11 @@ import TestServer
         #expect(throws: PickupError.self) {
             try FileDownload.resolveRedirect("http://127.0.0.1:99999999999999999999/", from: "http://a/", allowInsecure: false)
         }
+        // The same in a proxy's URL (it went to 3128 or 1080).
+        for bad in ["http://h:99999999999999999999", "socks5h://h:65536", "pu:pw@h:18446744073709551616", "h:0"] {
+            #expect(throws: PickupError.self, "\(bad)") { try ProxyURL(parsing: bad) }
+        }
+        #expect((try? ProxyURL(parsing: "h:08080"))?.port == 8080)
         for good in ["http://h:0080/", "http://h:/", "http://h/", "http://u:p@h:8080/x", "http://[::1]:65535/", "http://h:1/"] {
             #expect(throws: Never.self, "\(good)") { try DownloadURL.check(good) }
         }
@@ -146,6 +151,8 @@ import TestServer
         #expect(CrashGuard.decide("start\nrun 7\n") == .init(suspects: [], lastDeath: [7]))
         // No log: a first start.
         #expect(CrashGuard.decide("") == .init(suspects: [], lastDeath: nil))
+        // A log that filled up decides nothing (what ended could not be written).
+        #expect(CrashGuard.decide("death 7\nstart\nrun 7\n\nfull\n") == .init(suspects: [], lastDeath: nil))
         // Garbage and numbers past Int64 are no ids.
         #expect(CrashGuard.decide("death 99999999999999999999 x\nstart\nrun -1 99999999999999999999\n")
             == .init(suspects: [], lastDeath: [-1]))
@@ -156,16 +163,16 @@ import TestServer
         let state = TempDir()
         let (first, none) = CrashGuard.start(in: state.path)
         #expect(none.isEmpty)
-        first?.running(5)
-        first?.running(6)
+        await first?.running(5)
+        await first?.running(6)
         first?.ended(6)
         let (second, once) = CrashGuard.start(in: state.path)  // the first died with 5 running
         #expect(once.isEmpty)
-        second?.running(5)
+        await second?.running(5)
         let (third, twice) = CrashGuard.start(in: state.path)  // and again
         #expect(twice == [5])
-        third?.running(5)
-        third?.clean()
+        await third?.running(5)
+        await third?.clean()
         let (_, after) = CrashGuard.start(in: state.path)  // a clean end holds back nothing
         #expect(after.isEmpty)
     }

@@ -115,7 +115,8 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         self.file = file
         self.cursor = cursor
         limiters = download.request.limiters
-        maxSize = download.options.maxFileSize ?? .max
+        // A Metalink length bounds a body of no announced length too.
+        maxSize = min(download.options.maxFileSize ?? .max, download.request.length ?? .max)
     }
 
     func tooLarge() -> PickupError {
@@ -128,13 +129,13 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         let d = ResponseDecision.decide(head, context: context, now: Clock.wallSeconds())
         decision = d
         if d == .notModified, head.status != 304 { throw StopReading() }
+        if let expected = download.request.length, d.writes {
+            try download.checkLength(of: d, expected: expected, source: source)
+        }
         switch d {
         case .append(_, _, let total?, _), .replace(let total?, _):
             if total > maxSize { throw tooLarge() }
         default: break
-        }
-        if let expected = download.request.length, d.writes {
-            try download.checkLength(of: d, expected: expected, source: source)
         }
         if let (cursor, start, end) = try download.beginWriting(decision: d, head: head, context: context, cursor: cursor,
                                                                      latency: Clock.monotonic() - sent, connection: connection,

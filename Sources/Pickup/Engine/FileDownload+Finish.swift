@@ -57,6 +57,10 @@ extension FileDownload {
             guard heldBytes() == size else {
                 throw PickupError.server(status: nil, "internal: finishing with \(heldBytes()) of \(size) bytes")
             }
+            // A body of no announced length, taken from a lone source: its end must be the length given.
+            if let expected = request.length, size != expected {
+                throw PickupError.verification("the file is \(size) bytes, the Metalink document says \(expected)")
+            }
             return size
         }
         if try file.size() > size { try file.truncate(to: size) }

@@ -132,6 +132,8 @@ extension FileDownload {
     /// A source whose answer announces another length than the one the request gives (a Metalink
     /// document's `size`) is not this file, whatever answered first: it is retired while another
     /// source is live (``SourceRejected``), else the download fails. Never trusted over the length.
+    /// One that announces none (an FTP server without SIZE, a gateway) is left for another source
+    /// when there is one; alone, it is taken, and the finished file must have the length.
     func checkLength(of decision: ResponseDecision, expected: Int64, source: Int) throws {
         let announced: Int64?
         switch decision {
@@ -139,6 +141,7 @@ extension FileDownload {
         default: return
         }
         guard announced != expected else { return }
+        if announced == nil, !lock.withLock({ state.sources.live.contains { $0 != source } }) { return }
         let why = announced.map { "it announces \($0) bytes, the Metalink document \(expected)" }
             ?? "it announces no length, the Metalink document \(expected) bytes"
         let (notice, url) = lock.withLock { (state.retireOtherFile(source, why: why), state.sources.url(source)) }

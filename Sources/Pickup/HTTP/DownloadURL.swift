@@ -25,20 +25,22 @@ public enum DownloadURL {
             ["http", "https", "ftp", "ftps"].contains(scheme), url.contains("://")
         else { throw .invalidInput("not an http, https or ftp URL: \(shown)") }
         guard let host = parsed.host, !host.isEmpty else { throw .invalidInput("the URL has no host: \(shown)") }
-        // Foundation gives no port for one past Int's range (`:99999999999999999999`), and the
-        // request would then go to the scheme's default port: the port is read from the text too.
-        switch portText(url) {
-        case .none: break
-        case .some(let text) where text.isEmpty: break  // `host:/` is the default port (RFC 3986 §3.2.3)
-        case .some(let text):
-            let digits = text.drop(while: { $0 == UInt8(ascii: "0") })
-            guard text.allSatisfy({ (0x30...0x39).contains($0) }), digits.count <= 5,
-                let port = Int(String(decoding: digits, as: UTF8.self)), (1...65535).contains(port),
-                parsed.port == port
-            else { throw .invalidInput("the port is not one from 1 to 65535: \(shown)") }
-        }
+        guard portIsUsable(url, parsed: parsed) else { throw .invalidInput("the port is not one from 1 to 65535: \(shown)") }
         if host.utf8.count > 253 + 2 { throw .invalidInput("the host name is too long: \(shown)") }
         return parsed
+    }
+
+    /// Whether the port `url` names, if any, is 1 to 65535 and is the one Foundation's parse
+    /// (`parsed`) gives. Foundation gives no port for one past Int's range
+    /// (`:99999999999999999999`), and the request would then go to the default port: the port is
+    /// read from the text too. `host:/` (an empty port) is the default port (RFC 3986 §3.2.3).
+    static func portIsUsable(_ url: String, parsed: URL) -> Bool {
+        guard let text = portText(url), !text.isEmpty else { return true }
+        let digits = text.drop(while: { $0 == UInt8(ascii: "0") })
+        guard text.allSatisfy({ (0x30...0x39).contains($0) }), digits.count <= 5,
+            let port = Int(String(decoding: digits, as: UTF8.self))
+        else { return false }
+        return (1...65535).contains(port) && parsed.port == port
     }
 
     /// The text after the authority's port colon (without user information; after an IPv6

@@ -1,3 +1,4 @@
+import Dispatch
 import SystemPackage
 
 #if canImport(Glibc)
@@ -16,7 +17,8 @@ import Darwin
 /// cut: a reboot is not a crash loop) before each download runs (`run ID`), when it ends
 /// (`end ID`), and at a clean shutdown (`clean`). At the next start, a log without `clean` is a
 /// death, and what ran and did not end was running then. The log is then rewritten to the latest
-/// death (`death ID ...`) and a new `start`.
+/// death (`death ID ...`) and a new `start`. The appends run in order on a serial queue of the
+/// guard's own (never Swift's cooperative pool); `running` returns once its line is written.
 final class CrashGuard: @unchecked Sendable {
     /// What the log said at a start: the downloads to hold back, and the death to carry on.
     struct Verdict: Equatable {
@@ -33,7 +35,9 @@ final class CrashGuard: @unchecked Sendable {
     static let maxBytes = 4 << 20
 
     private let fd: Int32
+    /// Bytes written so far; only on `queue`.
     private var size: Int
+    private let queue = DispatchQueue(label: "pickup.crash-guard")
 
     private init(fd: Int32, size: Int) {
         self.fd = fd
@@ -91,6 +95,7 @@ final class CrashGuard: @unchecked Sendable {
             case "run": runs.formUnion(ids)
             case "end": runs.subtract(ids)
             case "clean": clean = true
+            case "full": return Verdict(suspects: [], lastDeath: nil)  // what ended was not written: decide nothing
             default: break
             }
         }
@@ -98,18 +103,42 @@ final class CrashGuard: @unchecked Sendable {
         return Verdict(suspects: earlier.map { $0.intersection(runs) } ?? [], lastDeath: runs)
     }
 
-    /// Download `id` is about to run: said before it does.
-    func running(_ id: Int64) { append("run \(id)\n") }
-    /// Download `id` stopped running (however it ended).
-    func ended(_ id: Int64) { append("end \(id)\n") }
+    /// Download `id` is about to run: returns once that is written, before it runs.
+    func running(_ id: Int64) async {
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            queue.async {
+                self.append("run \(id)\n")
+                done.resume()
+            }
+        }
+    }
+    /// Download `id` stopped running (however it ended), once that is recorded.
+    func ended(_ id: Int64) { queue.async { self.append("end \(id)\n") } }
     /// The process is shutting down cleanly: nothing it ran counts against a download.
-    func clean() { append("clean\n", always: true) }
+    func clean() async {
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            queue.async {
+                self.append("clean\n", always: true)
+                done.resume()
+            }
+        }
+    }
 
-    /// (`clean` is written even past the bound, which the reader allows for.)
+    /// A log that cannot take a line whole (past its bound, a full disk) ends with `full` and
+    /// takes nothing more: a reader then decides nothing, rather than blame what it cannot see
+    /// ended. (`clean` and `full` are written even past the bound, which the reader allows for.)
     private func append(_ line: String, always: Bool = false) {
-        guard always || size + line.utf8.count <= Self.maxBytes else { return }
+        guard size >= 0 else { return }  // full
+        guard always || size + line.utf8.count <= Self.maxBytes, writeWhole(line) else {
+            _ = writeWhole("\nfull\n")
+            size = -1
+            return
+        }
         size += line.utf8.count
+    }
+
+    private func writeWhole(_ line: String) -> Bool {
         var line = line
-        line.withUTF8 { b in _ = write(fd, b.baseAddress, b.count) }
+        return line.withUTF8 { b in write(fd, b.baseAddress, b.count) == b.count }
     }
 }

@@ -126,6 +126,10 @@ public actor DownloadManager {
     var totalsDirty = true
     /// The last fraction reported, kept while the set of downloads is the same (see ``ManagerTotals/fraction``).
     var floorFraction: Double = 0
+    /// Partial-file deletions under way, by (URL, destination): no run of those starts meanwhile.
+    var deleting: [Key: Int] = [:]
+    /// The keys of the deletions `forget` queued for the next ``delete(_:)``.
+    var pendingPartialDeletions: [Key] = []
     /// The log of what runs, for the next start to tell a crash loop (nil: off or unusable).
     let crashGuard: CrashGuard?
 
@@ -235,7 +239,7 @@ public actor DownloadManager {
             run.task.cancel()
         }
         for run in runs.values { await run.task.value }
-        crashGuard?.clean()
+        await crashGuard?.clean()
         await downloader.shutdown()
         await trustedDownloader?.shutdown()
         for d in retiredDownloaders.values { await d.shutdown() }
@@ -397,10 +401,24 @@ public actor DownloadManager {
     }
 
     /// Runs the deletions `forget` asked for on the blocking-I/O pool (unlink is a blocking call:
-    /// never on Swift's cooperative pool), and returns once they are done.
+    /// never on Swift's cooperative pool), and returns once they are done. While a partial file's
+    /// deletion is under way, no run of its (URL, destination) starts (``deleting``): a download
+    /// added again at once would otherwise open the files being unlinked.
     private func delete(_ deletions: [@Sendable () -> Void]) async {
         guard !deletions.isEmpty else { return }
+        let keys = pendingPartialDeletions
+        pendingPartialDeletions = []
         _ = try? await BlockingIO.run { for d in deletions { d() } }
+        deleted(keys)
+    }
+
+    /// The partial-file deletions of these keys are done: their downloads may start again.
+    private func deleted(_ done: [Key]) {
+        for key in done {
+            deleting[key, default: 1] -= 1
+            if deleting[key] == 0 { deleting[key] = nil }
+        }
+        if !done.isEmpty { schedule() }
     }
 
     /// Forgets the download at once; returns the deletions of files it asks for (for a download
@@ -420,6 +438,8 @@ public actor DownloadManager {
         } else if deletePartial, !info.state.isFinal || info.state == .failed {
             let request = Self.request(for: info, root: root)
             deletions.append { Downloader.discardPartial(of: request) }
+            deleting[Key(info.url, info.destination), default: 0] += 1
+            pendingPartialDeletions.append(Key(info.url, info.destination))
         }
         if deleteFile, info.state == .completed { deletions.append { Self.deleteFile(of: info, root: root) } }
         infos[id] = nil
@@ -673,7 +693,7 @@ public actor DownloadManager {
     func schedule() {
         guard started, !isShutDown else { return }
         // A download paused and resumed before its transfer ended waits for that end.
-        let busy = Set(running.keys)
+        let busy = Set(running.keys).union(deleting.keys.compactMap { keys[$0] })
         for id in queue.startNext(active: running.count, limit: startsAll ? nil : maxConcurrent, busy: busy) {
             launch(id)
         }
@@ -683,14 +703,15 @@ public actor DownloadManager {
         guard let info = infos[id] else { return }
         // Not saved: "waiting" and "running" rows both mean "should run", and restore the same way.
         update(id) { $0.state = .running; $0.failure = nil; $0.finishedAt = nil }
-        crashGuard?.running(id.rawValue)  // before a byte of it runs
         emitChanged(id)
         var request = Self.request(for: info, root: configuration.root)
         request.limiters = [globalLimiter] + (limiters[id].map { [$0] } ?? [])
         let box = NIOLockedValueBox(Reported())
         let secrets = ([request.url] + request.mirrors).contains { request.options.carriesSecrets(url: $0) }
         let downloader = secrets ? trustedDownloader ?? self.downloader : self.downloader
+        let crashGuard = self.crashGuard
         let task = Task {
+            await crashGuard?.running(id.rawValue)  // written before a byte of it runs
             let result: Result<DownloadResult, PickupError>
             do throws(PickupError) {
                 result = .success(try await downloader.download(request) { event in
@@ -704,11 +725,11 @@ public actor DownloadManager {
             } catch {
                 result = .failure(error)
             }
-            if let deletion = self.finished(id, result) {
+            if let (deletion, key) = self.finished(id, result) {
                 // Removed with its partial file while running: deleted now that nothing writes it,
                 // on the blocking-I/O pool; the freed slot is given after that.
                 _ = try? await BlockingIO.run(deletion)
-                self.schedule()
+                self.deleted([key])
             }
         }
         running[id] = Run(task: task, box: box, request: request)
@@ -718,16 +739,19 @@ public actor DownloadManager {
     /// A transfer ended: record how, as its stop intent (if any) says.
     /// Returns the deletion of the partial file of a download cancelled or removed with it while
     /// it ran (for the caller to run on the blocking-I/O pool, then to schedule).
-    private func finished(_ id: DownloadID, _ result: Result<DownloadResult, PickupError>) -> (@Sendable () -> Void)? {
+    private func finished(_ id: DownloadID, _ result: Result<DownloadResult, PickupError>) -> (@Sendable () -> Void, Key)? {
         let run = running.removeValue(forKey: id)
         let intent = stopping.removeValue(forKey: id)
-        crashGuard?.ended(id.rawValue)
+        // Said once its end is recorded: a death while recording it still counts against it.
+        defer { crashGuard?.ended(id.rawValue) }
         drain(id, run?.box)
         guard let info = infos[id] else {
             // Cancelled or removed while running: now that nothing writes them, drop the bytes.
             if case .cancel(deletePartial: true)? = intent, case .failure = result, let run {
                 let request = run.request
-                return { Downloader.discardPartial(of: request) }
+                let key = Key(request.url, request.destination)
+                deleting[key, default: 0] += 1
+                return ({ Downloader.discardPartial(of: request) }, key)
             }
             schedule()
             return nil

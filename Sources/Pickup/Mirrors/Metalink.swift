@@ -222,7 +222,7 @@ struct MetalinkDraft {
         } else if sawPieces {
             uncheckable = "its piece hashes cannot be checked (a length, a known type and well-formed hashes are needed)"
         }
-        if hashes.isEmpty, !unknownHashTypes.isEmpty {
+        if hashes.isEmpty, pieces == nil, !unknownHashTypes.isEmpty {
             uncheckable = "its hashes are of types Pickup cannot check (\(unknownHashTypes.prefix(4).joined(separator: ", ")))"
         }
         return Metalink.File(name: name, size: size, hashes: hashes, pieces: pieces, mirrors: Metalink.Mirror.byPriority(mirrors),

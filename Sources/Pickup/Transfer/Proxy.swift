@@ -32,7 +32,9 @@ public struct ProxyURL: Sendable, Hashable, CustomStringConvertible {
         case "socks5", "socks5h": kind = .socks5
         default: throw .invalidInput("proxy scheme \(scheme) is not supported (http, socks5, socks5h)")
         }
-        if let port = u.port, !(1...65535).contains(port) { throw .invalidInput("proxy port \(port) is out of range") }
+        guard DownloadURL.portIsUsable(withScheme, parsed: u) else {
+            throw .invalidInput("the proxy's port is not one from 1 to 65535: \(Self.redacted(text))")
+        }
         resolvesAtProxy = scheme != "socks5"
         self.host = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
         self.port = u.port ?? (kind == .http ? 3128 : 1080)
