@@ -338,3 +338,18 @@ struct TLSCloseTests {
         #expect(same)
     }
 }
+
+/// Extra trust roots (`--ca-certificate`, `SSL_CERT_FILE`, `SSL_CERT_DIR`) are parsed once, each
+/// certificate once, rather than by NIOSSL for every TLS context (one per new connection).
+@Suite struct TrustRootLoadingTests {
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"), "openssl missing"))
+    func eachCertificateIsParsedOnceAndUnreadableFilesAreSkipped() throws {
+        let keys = TempDir(), other = TempDir()
+        let (cert, _) = try makeLoopbackCertificate(in: keys)
+        let (second, _) = try makeLoopbackCertificate(in: other)
+        keys.write("junk.pem", Array("not a certificate".utf8))
+        let roots = HTTPClientTransport.trustRoots([cert, cert, second, keys.file("junk.pem").string, "/nonexistent.pem"])
+        #expect(roots.count == 2, "one each of two certificates, from five paths")
+        #expect(HTTPClientTransport.trustRoots([second, cert]).count == 2)
+    }
+}

@@ -77,7 +77,8 @@ public final class HTTPClientTransport: Transport {
     public init(options: Options = Options()) {
         var tls = TLSConfiguration.makeClientConfiguration()
         if options.insecure { tls.certificateVerification = .none }
-        if !options.extraTrustRoots.isEmpty { tls.additionalTrustRoots = options.extraTrustRoots.map { .file($0) } }
+        let extra = Self.trustRoots(options.extraTrustRoots)
+        if !extra.isEmpty { tls.additionalTrustRoots = [.certificates(extra)] }
         // Closing sends our close_notify and waits for the peer's at most this long (RFC 8446 §6.1:
         // the side that closes need not wait for it). A connection cut while the server still
         // sends never gets one, and swift-nio-ssl's default wait (5 s) held every exit that long.
@@ -138,6 +139,21 @@ public final class HTTPClientTransport: Transport {
             all[key] = client
             return client
         }
+    }
+
+    /// The certificates of these PEM files, read and parsed once, each once. Given as files,
+    /// NIOSSL reads and parses them again for every TLS context it makes, and AsyncHTTPClient makes
+    /// one per connection that finds none cached: with `SSL_CERT_DIR` naming a system's 140 files,
+    /// a batch's 16 first connections read 2,300 files, most of an https batch's CPU (0.77 s of
+    /// it for 400 small files, 0.40 s without them) and 25 MiB.
+    static func trustRoots(_ paths: [String]) -> [NIOSSLCertificate] {
+        var seen = Set<NIOSSLCertificate>(), all: [NIOSSLCertificate] = []
+        for path in paths {
+            for certificate in (try? NIOSSLCertificate.fromPEMFile(path)) ?? [] where seen.insert(certificate).inserted {
+                all.append(certificate)
+            }
+        }
+        return all
     }
 
     /// Checks that a file holds PEM certificates.
