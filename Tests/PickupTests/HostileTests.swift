@@ -376,4 +376,48 @@ func isSymlink(_ path: FilePath) -> Bool {
         f.dir.write("f1", [1])  // replaced by another file
         #expect(store.sweep() == 1)
     }
+
+    /// An index written by 0.1 (16 files) is found after the upgrade: the first lookup of one of
+    /// its keys splits its file into the 256-way ones; a dropped entry stays dropped; a lookup
+    /// reads one key's lines from the end.
+    @Test func aSixteenWayIndexIsFoundAfterTheUpgrade() async throws {
+        let f = try await Fixture()
+        defer { Task { await f.close() } }
+        f.server.set("/old", Resource(body: Resource.bytes(count: 500)))
+        _ = try await f.get("/old")
+        let store = CompletionStore(stateDirectory: f.state.path)
+        let completed = f.state.path.appending("completed")
+        // Rewrite the index as 0.1 kept it: every line in index-X.log by the key's first digit,
+        // with another key's lines and a dropped one around it.
+        let files = try FileManager.default.contentsOfDirectory(atPath: completed.string).filter { $0.hasPrefix("index-") }
+        var lines: [String] = []
+        for name in files {
+            lines += (try String(contentsOfFile: completed.appending(name).string, encoding: .utf8)).split(separator: "\n").map(String.init)
+            try FileManager.default.removeItem(atPath: completed.appending(name).string)
+        }
+        let key = try #require(lines.first.map { String($0.prefix(32)) })
+        let other = String(key.prefix(1)) + String(repeating: "0", count: 31)
+        let legacy = completed.appending("index-\(key.prefix(1)).log")
+        let text = ([other + " {}"] + lines + [other + " -"]).joined(separator: "\n") + "\n"
+        try text.write(toFile: legacy.string, atomically: true, encoding: .utf8)
+        let dir = try DirectoryHandle.open(f.dir.path, under: nil, create: false)
+        #expect(store.lookup(url: f.server.url("/old"), in: dir, name: nil)?.1.length == 500)
+        #expect(!FileManager.default.fileExists(atPath: legacy.string), "the 16-way file was split")
+        #expect(FileManager.default.fileExists(atPath: completed.appending("index-\(key.prefix(2)).log").string))
+        #expect(store.indexed(other) == nil, "a dropped entry stays dropped")
+        // A rerun finds the file without fetching it again.
+        let before = f.server.requests("/old").count
+        let again = try await f.get("/old")
+        #expect(again.outcome == .unchanged)
+        #expect(f.server.requests("/old").count == before + 1, "one conditional request")
+    }
+
+    @Test func theLatestLineOfAKeyWins() {
+        let a = String(repeating: "a", count: 32), b = String(repeating: "b", count: 32)
+        let data = Array("\(a) 1\n\(b) 2\n\(a) 3\n\(b) -\nshort\n".utf8)
+        #expect(CompletionStore.latest(a, in: data).map { String(decoding: $0, as: UTF8.self) } == "3")
+        #expect(CompletionStore.latest(b, in: data) == nil)
+        #expect(CompletionStore.latest(String(repeating: "c", count: 32), in: data) == nil)
+        #expect(CompletionStore.latest(a, in: []) == nil)
+    }
 }
