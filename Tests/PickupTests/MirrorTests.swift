@@ -382,6 +382,31 @@ import PickupDaemon
         _ = t.badPiece(0)
         #expect(t.pick() == 1)
     }
+
+    /// A mirror that answered two at once and turns one away while one runs (still counting a
+    /// connection just closed) keeps its cap of two; over what it answered, it takes what runs.
+    @Test func aBusyAnswerNeverLowersAMirrorsCapBelowWhatItAnswered() {
+        var s = SourceSet(urls: ["a", "b"], connections: 8)
+        s.bind(0, to: 0)
+        s.bind(1, to: 0)
+        s.bind(2, to: 0)
+        s.accepted(0, connection: 0)
+        s.accepted(0, connection: 1)
+        #expect(s.sources[0].proven == 2, "bound but not yet answered does not count")
+        #expect(s.busy(0, connection: 2, othersFetching: true, why: "503").next == .moveTo(1))
+        #expect(s.sources[0].cap == 2)
+        s.unbind(1)  // its range was cut: it asks again, and is turned away while 0 runs
+        s.bind(1, to: 0)
+        _ = s.busy(0, connection: 1, othersFetching: true, why: "503")
+        #expect(s.sources[0].cap == 2, "a refusal below what it answered keeps the cap")
+        // One that never answered two at once takes what runs.
+        var t = SourceSet(urls: ["a", "b"], connections: 8)
+        t.bind(0, to: 0)
+        t.accepted(0, connection: 0)
+        t.bind(1, to: 0)
+        _ = t.busy(0, connection: 1, othersFetching: true, why: "503")
+        #expect(t.sources[0].cap == 1)
+    }
 }
 
 /// The `pickup` binary with several sources: URLs on the command line, tab-separated in `-i`,

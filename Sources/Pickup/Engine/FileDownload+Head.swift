@@ -46,7 +46,7 @@ extension FileDownload {
                     cursors[cursor.segment] = cursor
                 }
                 let decided = state.partialResponse(segment: cursor.segment, at: at, total: total, validators: validators,
-                                                    source: source, digest: Self.serverDigest(head),
+                                                    source: source, connection: connection, digest: Self.serverDigest(head),
                                                     connections: state.connectionsAllowed(options.connections))
                 let first = decided.described
                 if let end = decided.end { cursor.end.store(min(cursor.end.load(ordering: .relaxed), end), ordering: .relaxed) }

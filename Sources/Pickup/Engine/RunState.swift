@@ -322,7 +322,7 @@ struct RunState {
     }
 
     mutating func partialResponse(segment: Int, at: Int64, total: Int64?, validators: Validators, source: Int = 0,
-                                  digest: ExpectedDigest?, connections: Int) -> Partial {
+                                  connection: Int? = nil, digest: ExpectedDigest?, connections: Int) -> Partial {
         var result = Partial()
         if record.validators(of: source) == nil || record.totalLength == nil && total != nil {
             result.described = true
@@ -332,7 +332,7 @@ struct RunState {
                 if at == 0 || r.serverDigest == nil { r.serverDigest = digest }
             }
         }
-        sources.accepted(source)
+        sources.accepted(source, connection: connection)
         if scheduler == nil, let total { lengthKnown(total, claiming: segment) }
         if !connectionsDecided, let total = scheduler?.total {
             connectionsDecided = true

@@ -49,6 +49,10 @@ struct SourceSet: Equatable {
         var delivered = false
         /// Whether it turned a lone connection away (busy) since it last delivered bytes.
         var turnedAway = false
+        /// The bound connections it answered with the file (a 206 taken) while bound.
+        var answered: Set<Int> = []
+        /// The most connections it answered at once: a busy answer never lowers its cap below.
+        var proven = 0
         /// Why it takes no more requests (nil: live).
         var retired: String?
     }
@@ -125,7 +129,10 @@ struct SourceSet: Equatable {
     }
 
     mutating func unbind(_ connection: Int) {
-        if let s = binding.removeValue(forKey: connection) { sources[s].connections.remove(connection) }
+        if let s = binding.removeValue(forKey: connection) {
+            sources[s].connections.remove(connection)
+            sources[s].answered.remove(connection)
+        }
     }
 
     /// A redirect of `source` led to `url`.
@@ -171,7 +178,11 @@ struct SourceSet: Equatable {
             }
             return failed(source, connection: connection, why: why)
         }
-        sources[source].cap = others
+        // A server that answered N at once and turns one away while fewer run is still counting a
+        // connection just closed (a range cut short): its cap stays at what it proved, and the
+        // refused connection goes elsewhere or leaves. (Even-pacing mirrors of 2 went down to 1
+        // this way: 5 connections of 6 for the rest of the file.)
+        sources[source].cap = max(others, min(sources[source].cap, sources[source].proven))
         if let away = elsewhere(connection, from: source) { return (away, nil) }
         unbind(connection)
         return (.leave, nil)
@@ -216,7 +227,12 @@ struct SourceSet: Equatable {
     }
 
     /// `source` answered with this file (a 206 whose length and validators were taken).
-    mutating func accepted(_ source: Int) { sources[source].delivered = true }
+    mutating func accepted(_ source: Int, connection: Int? = nil) {
+        sources[source].delivered = true
+        guard let connection, sources[source].connections.contains(connection) else { return }
+        sources[source].answered.insert(connection)
+        sources[source].proven = max(sources[source].proven, sources[source].answered.count)
+    }
 
     /// `source` cannot serve this file (another length, a 404, a changed file, no ranges, too
     /// many failures): it is retired when another live one has answered with this file or has not
