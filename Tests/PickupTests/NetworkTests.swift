@@ -21,6 +21,23 @@ func makeLoopbackCertificate(in dir: TempDir) throws -> (certificate: String, ke
     return (cert, key)
 }
 
+/// nginx over TLS serving files from a temporary directory, with a certificate for 127.0.0.1 made
+/// for it (both directories live as long as this value; `stop()` stops nginx).
+struct TLSNginx {
+    let site = TempDir(), keys = TempDir()
+    let nginx: Nginx
+    let certificate: String
+
+    init(serving files: [String: [UInt8]]) throws {
+        for (name, bytes) in files { site.write(name, bytes) }
+        let (cert, key) = try makeLoopbackCertificate(in: keys)
+        certificate = cert
+        nginx = try Nginx(root: site.path.string, tls: (cert, key))
+    }
+
+    func stop() { nginx.stop() }
+}
+
 /// Forward proxying through real proxies (Debian's Squid with its default rules, tinyproxy):
 /// plain http in absolute form, https through CONNECT, a proxy's refusal in words.
 @Suite(.serialized, .enabled(if: SquidProcess.binary != nil, "squid is not installed"))
@@ -49,12 +66,11 @@ struct SquidTests {
 
     @Test(.enabled(if: Nginx.binary != nil && FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"), "nginx or openssl missing"))
     func httpsGoesThroughCONNECTAndIsVerified() async throws {
-        let site = TempDir(), keys = TempDir(), state = TempDir(), dir = TempDir()
+        let state = TempDir(), dir = TempDir()
         let body = Resource.bytes(count: 1 << 20, seed: 42)
-        site.write("t.bin", body)
-        let (cert, key) = try makeLoopbackCertificate(in: keys)
-        let nginx = try Nginx(root: site.path.string, tls: (cert, key))
-        defer { nginx.stop() }
+        let tls = try TLSNginx(serving: ["t.bin": body])
+        defer { tls.stop() }
+        let (nginx, cert) = (tls.nginx, tls.certificate)
         // Debian's rules allow CONNECT to 443 only: the test's TLS port is added to SSL_ports.
         let squid = try SquidProcess(extraSSLPorts: [nginx.port])
         defer { squid.stop() }
@@ -323,12 +339,11 @@ extension AbsoluteFormTests {
 struct TLSCloseTests {
     @Test func cutTLSConnectionsAreClosedWithoutWaitingForThePeer() async throws {
         #expect(HTTPClientTransport.tlsShutdownTimeout <= .milliseconds(50))
-        let site = TempDir(), keys = TempDir(), state = TempDir(), dir = TempDir()
+        let state = TempDir(), dir = TempDir()
         let body = Resource.bytes(count: 24 << 20, seed: 44)
-        site.write("c.bin", body)
-        let (cert, key) = try makeLoopbackCertificate(in: keys)
-        let nginx = try Nginx(root: site.path.string, tls: (cert, key))
-        defer { nginx.stop() }
+        let tls = try TLSNginx(serving: ["c.bin": body])
+        defer { tls.stop() }
+        let (nginx, cert) = (tls.nginx, tls.certificate)
         let result = try await CLI.offPool {
             try CLI.capture(["get", nginx.baseURL + "/c.bin", "-o", dir.file("c.bin").string, "-x", "8", "--ca-certificate", cert],
                             state: state.path)

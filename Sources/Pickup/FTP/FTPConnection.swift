@@ -72,25 +72,10 @@ enum FTPConnection {
         }
         guard let proxy = route.proxy else { return channel }
         let bound = reach.handshakeTimeout
-        let deadline = loop.scheduleTask(in: bound) {
-            ready.fail(TransportError.transient("the proxy \(proxy) did not connect to the FTP server within \(bound.nanoseconds / 1_000_000_000) s"))
-        }
-        channel.closeFuture.whenComplete { _ in
-            ready.fail(TransportError.transient("the proxy \(proxy) closed the connection before connecting to the FTP server"))
-        }
-        do {
-            try await withTaskCancellationHandler {
-                try await ready.futureResult.get()
-            } onCancel: {
-                channel.close(promise: nil)
-            }
-            deadline.cancel()
-        } catch {
-            deadline.cancel()
-            channel.close(promise: nil)
-            try Task.checkCancellation()
-            throw HTTPClientTransport.classify(error, proxy: proxy)
-        }
+        try await ProxyTransport.awaitHandshake(
+            ready, on: channel, within: bound, proxy: proxy,
+            timedOut: .transient("the proxy \(proxy) did not connect to the FTP server within \(bound.nanoseconds / 1_000_000_000) s"),
+            closed: .transient("the proxy \(proxy) closed the connection before connecting to the FTP server"))
         return channel
     }
 }
@@ -200,10 +185,7 @@ final class FTPTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     func channelActive(context: ChannelHandlerContext) {
         // The handlers behind learn that the channel is active once the tunnel is up.
-        let name = host.contains(":") ? "[\(host)]" : host
-        var text = "CONNECT \(name):\(port) HTTP/1.1\r\nHost: \(name):\(port)\r\nUser-Agent: \(userAgent)\r\n"
-        if let authorization { text += "Proxy-Authorization: \(authorization)\r\n" }
-        text += "\r\n"
+        let text = TunnelHandler.request(host: host, port: port, authorization: authorization, userAgent: userAgent)
         context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(string: text)), promise: nil)
         if !autoRead { context.read() }
     }
@@ -214,17 +196,12 @@ final class FTPTunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
         received.setOrWriteBuffer(&bytes)
         guard let all = received else { return }
         let view = all.readableBytesView
-        guard let end = TunnelHandler.headEnd(view) else {
-            if all.readableBytes > TunnelHandler.maxAnswer {
-                fail(TransportError.protocolViolation("the proxy's answer to CONNECT is larger than 16 KiB"), context: context)
-            }
-            return
+        let end: Int
+        switch TunnelHandler.answer(view) {
+        case .incomplete: return
+        case .failed(let error): return fail(error, context: context)
+        case .up(let at): end = at
         }
-        let (status, reason) = TunnelHandler.statusLine(view[view.startIndex..<end])
-        guard let status else {
-            return fail(TransportError.protocolViolation("the proxy answered CONNECT with a malformed status line"), context: context)
-        }
-        guard (200..<300).contains(status) else { return fail(TransportError.proxyRefused(status: status, reason: reason), context: context) }
         done = true
         received = nil
         var rest = all

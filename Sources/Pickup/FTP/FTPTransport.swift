@@ -98,7 +98,7 @@ final class FTPTransport: Sendable {
             let rawHost = c.host, !rawHost.isEmpty
         else { throw .fatal("invalid URL \(DownloadURL.redacted(url))") }
         let host = rawHost.hasPrefix("[") ? String(rawHost.dropFirst().dropLast()) : rawHost
-        let port = c.port ?? 21
+        let port = c.port ?? Origin.defaultPort(scheme)
         guard (1...65535).contains(port) else { throw .fatal("invalid URL \(DownloadURL.redacted(url))") }
         var path = c.path  // percent-decoded
         if path.hasPrefix("/") { path.removeFirst() }

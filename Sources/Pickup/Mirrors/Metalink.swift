@@ -83,9 +83,10 @@ public struct Metalink: Sendable, Equatable {
         /// Sorted by priority (then as written); only http, https, ftp and ftps.
         public var mirrors: [Mirror]
         /// Why some of the file's hashes cannot be checked (malformed piece hashes, or whole-file
-        /// hashes of no type Pickup knows and nothing else to check): such a file is not downloaded
-        /// as if it had none. Piece hashes that do not cover ``size`` are kept, and the download
-        /// refuses them (``DownloadRequest/length``).
+        /// hashes of no type Pickup knows and no piece hashes): `get --metalink` refuses such a
+        /// document rather than download it as if it had none; a caller that builds requests from
+        /// a `File` checks this first. Piece hashes that do not cover ``size`` are kept, and the
+        /// download refuses them (``DownloadRequest/length``).
         public var uncheckable: String? = nil
 
         /// The strongest whole-file hash.

@@ -81,7 +81,7 @@ final class ProxyTransport: Sendable {
         else { throw .fatal("invalid URL \(DownloadURL.redacted(url))") }
         let bare = rawHost.hasPrefix("[") ? String(rawHost.dropFirst().dropLast()) : rawHost
         let tls = scheme == "https"
-        let defaultPort = scheme == "ftp" ? 21 : tls ? 443 : 80
+        let defaultPort = Origin.defaultPort(scheme)
         let port = c.port ?? defaultPort
         guard (1...65535).contains(port) else { throw .fatal("invalid URL \(DownloadURL.redacted(url))") }
         let uriHost = bare.contains(":") ? "[\(bare)]" : bare
@@ -213,23 +213,10 @@ final class ProxyTransport: Sendable {
             throw HTTPClientTransport.classify(error, proxy: proxy)
         }
         // The CONNECT answer within the head timeout.
-        let deadline = loop.scheduleTask(in: headTimeout) {
-            tunnelReady.fail(TransportError.protocolViolation("the proxy did not answer CONNECT within \(self.headTimeout.nanoseconds / 1_000_000_000) s"))
-        }
-        channel.closeFuture.whenComplete { _ in tunnelReady.fail(TransportError.transient("the proxy closed the connection during CONNECT")) }
-        do {
-            try await withTaskCancellationHandler {
-                try await tunnelReady.futureResult.get()
-            } onCancel: {
-                channel.close(promise: nil)
-            }
-            deadline.cancel()
-        } catch {
-            deadline.cancel()
-            channel.close(promise: nil)
-            try Task.checkCancellation()
-            throw HTTPClientTransport.classify(error, proxy: proxy)
-        }
+        try await Self.awaitHandshake(
+            tunnelReady, on: channel, within: headTimeout, proxy: proxy,
+            timedOut: .protocolViolation("the proxy did not answer CONNECT within \(headTimeout.nanoseconds / 1_000_000_000) s"),
+            closed: .transient("the proxy closed the connection during CONNECT"))
         let handler = try await channel.eventLoop.submit {
             NIOLoopBound(try channel.pipeline.syncOperations.handler(type: ProxyClientHandler.self), eventLoop: channel.eventLoop)
         }.get()
@@ -510,10 +497,7 @@ final class TunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        let host = target.host.contains(":") ? "[\(target.host)]" : target.host
-        var text = "CONNECT \(host):\(target.port) HTTP/1.1\r\nHost: \(host):\(target.port)\r\nUser-Agent: \(userAgent)\r\n"
-        if let authorization { text += "Proxy-Authorization: \(authorization)\r\n" }
-        text += "\r\n"
+        let text = Self.request(host: target.host, port: target.port, authorization: authorization, userAgent: userAgent)
         context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(string: text)), promise: nil)
         context.fireChannelActive()
     }
@@ -523,23 +507,14 @@ final class TunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
         received.setOrWriteBuffer(&bytes)
         guard let all = received else { return }
         let view = all.readableBytesView
-        guard let end = Self.headEnd(view) else {
-            if all.readableBytes > Self.maxAnswer {
-                ready.fail(TransportError.protocolViolation("the proxy's answer to CONNECT is larger than 16 KiB"))
-                context.close(promise: nil)
-            }
-            return
-        }
-        let (status, reason) = Self.statusLine(view[view.startIndex..<end])
-        guard let status else {
-            ready.fail(TransportError.protocolViolation("the proxy answered CONNECT with a malformed status line"))
+        let end: Int
+        switch Self.answer(view) {
+        case .incomplete: return
+        case .failed(let error):
+            ready.fail(error)
             context.close(promise: nil)
             return
-        }
-        guard (200..<300).contains(status) else {
-            ready.fail(TransportError.proxyRefused(status: status, reason: reason))
-            context.close(promise: nil)
-            return
+        case .up(let at): end = at
         }
         // The tunnel is up: TLS (verified) and HTTP take this handler's place.
         do {
@@ -571,6 +546,33 @@ final class TunnelHandler: ChannelInboundHandler, RemovableChannelHandler {
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         ready.fail(error)
         context.close(promise: nil)
+    }
+
+    /// The CONNECT request for `host:port` (an IPv6 literal in brackets).
+    static func request(host: String, port: Int, authorization: String?, userAgent: String) -> String {
+        let name = host.contains(":") ? "[\(host)]" : host
+        var text = "CONNECT \(name):\(port) HTTP/1.1\r\nHost: \(name):\(port)\r\nUser-Agent: \(userAgent)\r\n"
+        if let authorization { text += "Proxy-Authorization: \(authorization)\r\n" }
+        return text + "\r\n"
+    }
+
+    /// What the proxy's answer to CONNECT says so far.
+    enum Answer {
+        case incomplete
+        case failed(TransportError)
+        /// The tunnel is up; the answer's head ends at `end` (what follows is the origin's).
+        case up(end: Int)
+    }
+
+    /// Reads the proxy's answer to CONNECT (bounded to ``maxAnswer`` bytes): a 2xx is the tunnel.
+    static func answer(_ view: ByteBufferView) -> Answer {
+        guard let end = headEnd(view) else {
+            return view.count > maxAnswer ? .failed(.protocolViolation("the proxy's answer to CONNECT is larger than 16 KiB")) : .incomplete
+        }
+        let (status, reason) = statusLine(view[view.startIndex..<end])
+        guard let status else { return .failed(.protocolViolation("the proxy answered CONNECT with a malformed status line")) }
+        guard (200..<300).contains(status) else { return .failed(.proxyRefused(status: status, reason: reason)) }
+        return .up(end: end)
     }
 
     /// The index just past the blank line that ends a head, if there is one yet.
@@ -633,6 +635,30 @@ final class TunnelIPCheck: ChannelInboundHandler, RemovableChannelHandler {
         return sans.contains { name in
             if case .ipAddress(let bytes) = name { return Array(bytes.bytes) == want }
             return false
+        }
+    }
+}
+
+extension ProxyTransport {
+    /// Waits for a proxy's handshake on `channel` (a SOCKS exchange, a CONNECT answer) to complete
+    /// `ready`, within `bound`: `timedOut` then, `closed` if the channel closes first. On failure or
+    /// cancellation the channel is closed; errors are told as the proxy's (``HTTPClientTransport/classify(_:proxy:)``).
+    static func awaitHandshake(_ ready: EventLoopPromise<Void>, on channel: any Channel, within bound: TimeAmount, proxy: ProxyURL,
+                               timedOut: TransportError, closed: TransportError) async throws {
+        let deadline = channel.eventLoop.scheduleTask(in: bound) { ready.fail(timedOut) }
+        channel.closeFuture.whenComplete { _ in ready.fail(closed) }
+        do {
+            try await withTaskCancellationHandler {
+                try await ready.futureResult.get()
+            } onCancel: {
+                channel.close(promise: nil)
+            }
+            deadline.cancel()
+        } catch {
+            deadline.cancel()
+            channel.close(promise: nil)
+            try Task.checkCancellation()
+            throw HTTPClientTransport.classify(error, proxy: proxy)
         }
     }
 }
