@@ -128,8 +128,6 @@ public actor DownloadManager {
     var floorFraction: Double = 0
     /// Partial-file deletions under way, by (URL, destination): no run of those starts meanwhile.
     var deleting: [Key: Int] = [:]
-    /// The keys of the deletions `forget` queued for the next ``delete(_:)``.
-    var pendingPartialDeletions: [Key] = []
     /// The log of what runs, for the next start to tell a crash loop (nil: off or unusable).
     let crashGuard: CrashGuard?
 
@@ -394,8 +392,12 @@ public actor DownloadManager {
     @discardableResult
     public func deleteFinishedFiles() async throws(PickupError) -> Int {
         let done = infos.values.filter { $0.state == .completed }.map(\.id)
-        var deletions: [@Sendable () -> Void] = []
-        for id in done { deletions.append(contentsOf: try forget(id, deletePartial: false, deleteFile: true)) }
+        var deletions = Deletions()
+        for id in done {
+            let more = try forget(id, deletePartial: false, deleteFile: true)
+            deletions.work += more.work
+            deletions.partials += more.partials
+        }
         await delete(deletions)
         return done.count
     }
@@ -404,12 +406,18 @@ public actor DownloadManager {
     /// never on Swift's cooperative pool), and returns once they are done. While a partial file's
     /// deletion is under way, no run of its (URL, destination) starts (``deleting``): a download
     /// added again at once would otherwise open the files being unlinked.
-    private func delete(_ deletions: [@Sendable () -> Void]) async {
-        guard !deletions.isEmpty else { return }
-        let keys = pendingPartialDeletions
-        pendingPartialDeletions = []
-        _ = try? await BlockingIO.run { for d in deletions { d() } }
-        deleted(keys)
+    private func delete(_ deletions: Deletions) async {
+        guard !deletions.work.isEmpty else { return }
+        let work = deletions.work
+        _ = try? await BlockingIO.run { for d in work { d() } }
+        deleted(deletions.partials)
+    }
+
+    /// The file deletions `forget` asks for, and the downloads whose partial files they delete
+    /// (counted in ``deleting`` until they are done).
+    struct Deletions {
+        var work: [@Sendable () -> Void] = []
+        var partials: [Key] = []
     }
 
     /// The partial-file deletions of these keys are done: their downloads may start again.
@@ -423,25 +431,25 @@ public actor DownloadManager {
 
     /// Forgets the download at once; returns the deletions of files it asks for (for a download
     /// not running; a running one's partial file is deleted, when asked, once its transfer ends).
-    private func forget(_ id: DownloadID, deletePartial: Bool, deleteFile: Bool) throws(PickupError) -> [@Sendable () -> Void] {
+    private func forget(_ id: DownloadID, deletePartial: Bool, deleteFile: Bool) throws(PickupError) -> Deletions {
         try checkOpen()
-        guard let info = infos[id] else { return [] }
+        guard let info = infos[id] else { return Deletions() }
         do {
             try store.delete([id])
         } catch {
             throw .fileSystem("\(configuration.stateDirectory.appending("manager.sqlite")): \(error)", .ioError)
         }
-        var deletions: [@Sendable () -> Void] = []
+        var deletions = Deletions()
         let root = configuration.root
         if running[id] != nil {
             stop(id, .cancel(deletePartial: deletePartial))
         } else if deletePartial, !info.state.isFinal || info.state == .failed {
             let request = Self.request(for: info, root: root)
-            deletions.append { Downloader.discardPartial(of: request) }
+            deletions.work.append { Downloader.discardPartial(of: request) }
+            deletions.partials.append(Key(info.url, info.destination))
             deleting[Key(info.url, info.destination), default: 0] += 1
-            pendingPartialDeletions.append(Key(info.url, info.destination))
         }
-        if deleteFile, info.state == .completed { deletions.append { Self.deleteFile(of: info, root: root) } }
+        if deleteFile, info.state == .completed { deletions.work.append { Self.deleteFile(of: info, root: root) } }
         infos[id] = nil
         let i = sortedIndex(of: id, after: false)
         if i < sortedIDs.count, sortedIDs[i] == id { sortedIDs.remove(at: i) }
