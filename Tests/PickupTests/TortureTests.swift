@@ -87,8 +87,12 @@ struct TortureTests {
         let certificate = VsftpdProcess.binary == nil ? nil : try? makeLoopbackCertificate(in: keys)
         let vsftpd = certificate.flatMap { try? VsftpdProcess(root: ftpRoot.path.string, certificate: $0) }
         defer { vsftpd?.stop() }
+        // A SOCKS5 proxy that half of the FTP trials go through (control and data connections).
+        let socks = ProxyProcess.binary(.microsocks) == nil ? nil : try? ProxyProcess(.microsocks)
+        defer { socks?.stop() }
         let servers = TortureServers(http: server, squid: squid?.url, ftpRoot: ftpRoot, ftp: ftp,
-                                     ftps: vsftpd.flatMap { v in certificate.map { (v, $0.certificate) } })
+                                     ftps: vsftpd.flatMap { v in certificate.map { (v, $0.certificate) } },
+                                     socks: socks.map { $0.url.replacingOccurrences(of: "socks5://", with: "socks5h://") })
         let stats = TortureStats()
         var seeds = Self.fixedSeeds + (0..<trials).map { seed &+ UInt64($0) &* 0x9E37_79B9 }
         // One trial alone, by the seed its failure printed.
@@ -155,11 +159,14 @@ struct TortureTests {
         }
         let behaviour = seedsBeforeMirrors.prefix(2).contains(seed) ? .plain : drawn()
         let overFTP = behaviour == .overFTP || behaviour == .overFlakyFTP || behaviour == .overFTPS
-        let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)"
+        // Half of the FTP trials through SOCKS5 (from the seed, not the generator: fixed seeds replay as found).
+        let throughSOCKS = overFTP && seed % 2 == 1 ? servers.socks : nil
+        let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)\(throughSOCKS == nil ? "" : " through SOCKS5")"
         // Only the trials of one behaviour (to look into one server closely).
         if let only = ProcessInfo.processInfo.environment["PICKUP_TORTURE_BEHAVIOUR"], only != behaviour.rawValue { return }
         let path = "/t\(index)"
         stats.behaviour(behaviour.rawValue)
+        if throughSOCKS != nil { stats.behaviour("(of which FTP through SOCKS5)") }
         let started = Date()
         defer { stats.took(Date().timeIntervalSince(started), label) }
 
@@ -277,6 +284,7 @@ struct TortureTests {
         if behaviour == .throughSquid, let squid = servers.squid { args += ["--proxy", squid] }
         if behaviour == .tunnelThroughSquid, let squid = servers.squid { args += ["--proxy", squid, "--proxytunnel"] }
         if behaviour == .overFTPS, let (_, cert) = servers.ftps { args += ["--ca-certificate", cert] }
+        if let throughSOCKS { args += ["--proxy", throughSOCKS] }
         var finished: [String: [UInt8]] = [:]  // final files seen, as they were when first seen
 
         func checkFinishedFiles(_ when: String) {
@@ -410,6 +418,8 @@ struct TortureServers: Sendable {
     let ftp: FTPServerProcess?
     /// vsftpd with TLS, and the certificate to trust for it.
     let ftps: (VsftpdProcess, String)?
+    /// A SOCKS5 proxy (microsocks, `socks5h://`), for FTP trials through it.
+    let socks: String?
 }
 
 /// What the torture test saw, for its summary line.
