@@ -307,8 +307,8 @@ import TestServer
         let f = try await Fixture()
         f.server.set("/a.bin", Resource(body: body, faults: [.dropAfter(1_000_000), .status(404, [:])]))
         await #expect(throws: PickupError.self) { try await f.get("/a.bin") }
-        let name = f.dir.entries.first { $0.hasSuffix(".pickup-ctl") }!
-        var bytes = f.dir.read(name)!
+        let name = try #require(f.dir.entries.first { $0.hasSuffix(".pickup-ctl") }, "\(f.dir.entries)")
+        var bytes = try #require(f.dir.read(name))
         bytes[bytes.count / 2] ^= 0xFF
         f.dir.write(name, bytes)
         _ = try await f.get("/a.bin")

@@ -34,7 +34,28 @@ import TestServer
         #expect(f.dir.read("s.bin") == body)
         // The first (slow) connection's range was a quarter of the file; the others took part of it over.
         let first = f.server.requests("/s.bin")[0]
-        #expect(first.bytesSent < body.count / 4)
+        #expect(first.bytesSent < body.count / 4, "\(f.server.requests("/s.bin").map { "\($0.connection) \($0.headers["range"] ?? "") \($0.bytesSent)" })")
+        await f.close()
+    }
+
+    /// Ranges are asked for in pieces and split between them, and a connection whose response was
+    /// cut (the first, open-ended one, or a slow one's) takes no more work that would need a new
+    /// connection: four connections, the first fifty times slower than the others (so even
+    /// with every test running at once), open four TCP connections in all, and the file is byte-exact.
+    @Test func aSlowConnectionsRangeIsTakenOverWithoutOpeningMoreConnections() async throws {
+        let f = try await Fixture(connections: 4)
+        let body = Resource.bytes(count: 24 * 1024 * 1024 + 77, seed: 5)
+        f.server.set("/p.bin", {
+            var r = Resource(body: body, bytesPerSecond: 24 * 1024 * 1024)
+            r.firstRangeBytesPerSecond = 512 * 1024
+            return r
+        }())
+        _ = try await f.get("/p.bin")
+        #expect(f.dir.read("p.bin") == body)
+        let requests = f.server.requests("/p.bin")
+        let seen = requests.map { "\($0.connection) \($0.headers["range"] ?? "") \($0.bytesSent)" }
+        #expect(requests[0].bytesSent < body.count / 4, "the slow range was not taken over: \(seen)")
+        #expect(f.server.connectionsOpened <= 4, "\(f.server.connectionsOpened) connections: \(seen) \(f.events.notices)")
         await f.close()
     }
 

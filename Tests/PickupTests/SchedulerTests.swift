@@ -31,6 +31,53 @@ import Testing
         checkCoverage(s)
     }
 
+    /// A split lands where the victim's response ends when at least a minimum piece lies beyond
+    /// it (no response is cut, no connection lost); otherwise where the balance says.
+    @Test func splitsLandWhereTheVictimsResponseEnds() {
+        var s = twoConnections(total: 64 * MiB)
+        // Connection 0 reads [0, 24 MiB) of its [0, 32 MiB); connection 1 finishes its half.
+        s.requesting(0, upTo: 24 * MiB)
+        s.report(0, done: 2 * MiB)
+        s.report(1, done: 32 * MiB)
+        let a = s.next(for: 1)
+        #expect(a?.shrunk?.end == 24 * MiB, "halving would have cut the response at 17 MiB")
+        #expect(s.segments[0].end == 24 * MiB)
+        checkCoverage(s)
+        // The response runs to the range's end: nothing lies beyond it, so the split cuts it.
+        var t = twoConnections(total: 64 * MiB)
+        t.requesting(0, upTo: 32 * MiB)
+        t.report(1, done: 32 * MiB)
+        #expect(t.next(for: 1)?.shrunk?.end == 16 * MiB)
+        // Less than a minimum piece beyond the response: cut where the balance says.
+        var u = twoConnections(total: 64 * MiB)
+        u.requesting(0, upTo: 32 * MiB - MiB / 2)
+        u.report(1, done: 32 * MiB)
+        #expect(u.next(for: 1)?.shrunk?.end == 16 * MiB)
+        // A connection that lets go of its range forgets its response.
+        u.release(0)
+        #expect(u.segments[0].requested == nil)
+    }
+
+    /// The first plan keeps the first response whole when it can; shedding ends each other range
+    /// where its response ends, so its connection stays open for a restore.
+    @Test func thePlanAndSheddingKeepResponsesWhole() {
+        var s = SegmentScheduler(total: 64 * MiB, records: [], minSplit: MiB)
+        s.claim(0, by: 0)
+        s.requesting(0, upTo: 40 * MiB)
+        s.plan(connections: 2)
+        #expect(s.segments.map(\.end) == [40 * MiB, 64 * MiB])
+        _ = s.next(for: 1)
+        s.requesting(1, upTo: 48 * MiB)
+        s.report(0, done: 10 * MiB)
+        s.report(1, done: 2 * MiB)
+        let shed = s.shed(rates: [0: 100, 1: 1])
+        #expect(shed.keeper == 0)
+        #expect(shed.cut.map(\.end) == [48 * MiB])
+        #expect(s.segments.last?.start == 48 * MiB && s.segments.last?.owner == nil)
+        #expect(s.hasUnowned)
+        checkCoverage(s)
+    }
+
     @Test func neverSplitsBelowTheMinimum() {
         var s = SegmentScheduler(total: 3 * MiB, records: [], minSplit: MiB)
         s.plan(connections: 16)

@@ -116,4 +116,6 @@ public struct RecordedRequest: Sendable {
     public var bytesSent: Int
     /// Responses to this path in progress when it arrived.
     public var concurrent: Int = 0
+    /// The connection it came on (numbered from 0 in the order of their first requests).
+    public var connection: Int = 0
 }

@@ -91,6 +91,9 @@ public final class TestServer: Sendable {
     /// The most 200/206 responses that were being sent at the same time, over all paths.
     public var peakConcurrentTransfers: Int { state.withLockedValue { $0.peakTotal } }
 
+    /// Connections that sent a request so far, over all paths.
+    public var connectionsOpened: Int { state.withLockedValue { $0.connections } }
+
     /// `URL` of a path on this server.
     public func url(_ path: String) -> String { baseURL + path }
 }
@@ -140,7 +143,7 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
     static func plan(_ req: HTTPRequestHead, state: inout TestServer.State, connection: Int = 0) -> Plan {
         var recorded = [String: String]()
         for (n, v) in req.headers { recorded[n.lowercased()] = v }
-        state.log.append(RecordedRequest(uri: req.uri, headers: recorded, status: 0, bytesSent: 0))
+        state.log.append(RecordedRequest(uri: req.uri, headers: recorded, status: 0, bytesSent: 0, connection: connection))
         let index = state.log.count - 1
         let path = String(req.uri.split(separator: "?", maxSplits: 1).first ?? "")
         state.log[index].concurrent = state.active[path, default: 0]

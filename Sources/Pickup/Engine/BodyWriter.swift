@@ -86,6 +86,9 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
     private var offset: Int64 = 0
     private var responseEnd: Int64 = .max
     private var discarded = 0
+    /// Whether the body written reached the end its head announced: a whole response (read once
+    /// `fetch` returned without an error).
+    var finishedResponse: Bool { writing && responseEnd != .max && offset >= responseEnd }
     /// Whether a body byte of this response arrived (a stall before one makes the next attempt more patient).
     private(set) var gotBody = false
     /// The connection this attempt runs on, and the source it asks.

@@ -40,8 +40,9 @@ struct ConnectionTuner: Sendable, Equatable {
         case warmup
         /// Several connections run; looking for a CPU-bound window.
         case watching
-        /// Shed: `rate` bytes/s was the speed before. The first window after shedding is skipped
-        /// (the others wind down in it); `since` starts the window that decides.
+        /// Shed: `rate` bytes/s was the speed before. The others finish the responses they are
+        /// reading (their connections stay open for a restore); `since` starts the window that
+        /// decides, once one connection runs.
         case shed(rate: Double, since: Sample?)
         /// Decided for this run.
         case settled
@@ -70,6 +71,8 @@ struct ConnectionTuner: Sendable, Equatable {
     private var watchStart: Sample?
     /// Busy windows in a row so far.
     private var busyInARow = 0
+    /// The connections that ran when it shed (nil: it has not).
+    private(set) var shedFrom: Int?
 
     init(threads: Int) {
         self.threads = max(1, threads)
@@ -102,8 +105,15 @@ struct ConnectionTuner: Sendable, Equatable {
             guard busyInARow >= busyWindows else { return nil }
             let from = watchStart ?? previous
             phase = .shed(rate: Double(s.bytes - from.bytes) / (s.time - from.time), since: nil)
+            shedFrom = s.connections
             return .shed
         case .shed(let before, nil):
+            // The window that decides starts once the others have finished their responses; until
+            // then the speed before is the best seen with several connections.
+            guard s.connections <= 1 else {
+                phase = .shed(rate: max(before, rate), since: nil)
+                return nil
+            }
             phase = .shed(rate: before, since: s)
             return nil
         case .shed(let before, let since?):

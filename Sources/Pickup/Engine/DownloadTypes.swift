@@ -103,6 +103,8 @@ public struct DownloadOptions: Sendable {
     var transportThreads = System.coreCount
     /// Process CPU seconds (tests stand in a busy or idle process).
     var cpuClock: @Sendable () -> Double = ProcessCPU.seconds
+    /// Told each decision of the connection tuner as it is carried out (tests).
+    var onTune: (@Sendable (ConnectionTuner.Action) -> Void)? = nil
     /// No range is split into pieces smaller than this many bytes.
     public var minSplitSize: Int64 = 1 << 20
     /// The largest file accepted, in bytes (nil: no limit): a larger announced length fails at

@@ -21,7 +21,7 @@ extension FileDownload {
             var openMore = false, soon = false
             var preallocate: (PartialFile, Int64)? = nil
             let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
-                state.latency = latency
+                state.answered(after: latency)
                 guard let file else { return nil }
                 if isDropped(cursor) { throw StopReading() }
                 // A source retired meanwhile (by another connection) writes nothing more.
@@ -45,7 +45,7 @@ extension FileDownload {
                                            end: cursor.end.load(ordering: .relaxed), in: mapped)
                     cursors[cursor.segment] = cursor
                 }
-                let decided = state.partialResponse(segment: cursor.segment, at: at, total: total, validators: validators,
+                let decided = state.partialResponse(segment: cursor.segment, at: at, end: end, total: total, validators: validators,
                                                     source: source, connection: connection, digest: Self.serverDigest(head),
                                                     connections: state.connectionsAllowed(options.connections))
                 let first = decided.described
@@ -113,7 +113,7 @@ extension FileDownload {
                 r.serverDigest = Self.serverDigest(head)
             }
             let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
-                state.latency = latency
+                state.answered(after: latency)
                 if let total { state.lengthKnown(total, claiming: 0, by: connection) }
                 let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total, in: cursorFile)
                 cursors = [0: fresh]
@@ -124,7 +124,7 @@ extension FileDownload {
             if soon { storeBeforeFirstByte() }
             return (fresh, 0, total)
         default:
-            lock.withLock { state.latency = latency }
+            lock.withLock { state.answered(after: latency) }
             return nil
         }
     }

@@ -102,14 +102,21 @@ extension FileDownload {
 
     /// Feeds the tuner one sample and carries out what it decides.
     func tune() {
-        let (act, active) = lock.withLock { () -> (ConnectionTuner.Action?, Int) in
-            guard tuner != nil, tuner?.phase != .settled else { return (nil, 0) }
+        let (act, kept) = lock.withLock { () -> (ConnectionTuner.Action?, Int?) in
+            guard tuner != nil, tuner?.phase != .settled else { return (nil, nil) }
             let sample = tunerSample()
-            return (tuner?.add(sample), sample.connections)
+            let act = tuner?.add(sample)
+            // Shed and kept: said once, now that it is decided.
+            return (act, act == nil && tuner?.phase == .settled ? tuner?.shedFrom : nil)
         }
+        if let kept {
+            onEvent(.notice("\(kept) connections add no speed here (this machine, not the network, sets the pace); going on with one"))
+        }
+        if let act { options.onTune?(act) }
         switch act {
         case .shed?:
-            let shed = lock.withLock { () -> Bool in
+            // Said once decided (above): a trial the tuner takes back (restore) is not news.
+            lock.withLock {
                 let now = Clock.monotonic()
                 let shed = state.ranges { s -> (keeper: Int?, cut: [(segment: Int, end: Int64)]) in
                     var rates: [Int: Double] = [:]
@@ -119,18 +126,14 @@ extension FileDownload {
                     }
                     return s.shed(rates: rates)
                 }
-                guard let shed, let keep = shed.keeper else { return false }
+                guard let shed, let keep = shed.keeper else { return }
                 for (i, end) in shed.cut { cursors[i]?.end.store(end, ordering: .relaxed) }
                 state.keeper = keep
-                return true
-            }
-            if shed {
-                onEvent(.notice("\(active) connections add no speed here (this machine, not the network, sets the pace); going on with one"))
             }
         case .restore?:
+            // The connections shed finished their responses and wait, open, to be taken again.
             lock.withLock { state.keeper = nil }
             restore.open()
-            onEvent(.notice("one connection is slower; back to \(options.connections)"))
         case nil:
             break
         }

@@ -127,6 +127,13 @@ extension FileDownload {
                 switch try await fetchRange(id, cursor: c, file: file, conditional: conditional) {
                 case .done:
                     break
+                case .cut:
+                    // Its connection is closed: a new one is opened only for a range no connection
+                    // has; taking part of another's would cut that one's response in turn (a new
+                    // TCP and TLS handshake each time, for the last few megabytes).
+                    cursor = assign(id, unownedOnly: true)
+                    if cursor == nil { return }
+                    continue
                 case .retired:
                     return
                 case .unchanged(let path, let rec):
@@ -161,8 +168,9 @@ extension FileDownload {
         }
     }
 
-    /// The next range for connection `id`, splitting another connection's range if need be.
-    func assign(_ id: Int) -> SegmentCursor? {
+    /// The next range for connection `id`, splitting another connection's range if need be (`unownedOnly`:
+    /// only a range no connection has).
+    func assign(_ id: Int, unownedOnly: Bool = false) -> SegmentCursor? {
         lock.withLock {
             guard state.scheduler != nil else { return nil }
             if let keeper = state.alone ?? state.keeper, keeper != id {
@@ -171,6 +179,12 @@ extension FileDownload {
             }
             let now = Clock.monotonic()
             let (rates, ownRate, quiet) = observe(for: id, now: now)
+            // (After `observe`, which reports every range's progress: a finished range whose last
+            // bytes were not reported yet is not work.)
+            if unownedOnly, state.scheduler?.hasUnowned != true {
+                state.ranges { $0.release(id) }
+                return nil
+            }
             // The thief is expected to go as fast as it did on the range it just finished; a
             // connection with no history yet, as fast as the fastest live one.
             guard let a = state.ranges({ s in
@@ -236,6 +250,9 @@ extension FileDownload {
 
     enum RangeOutcome {
         case done, retired
+        /// Done, its response cut short (another connection took the rest of the range), which
+        /// closed its connection.
+        case cut
         case unchanged(FilePath, CompletionRecord)
     }
 
@@ -307,7 +324,9 @@ extension FileDownload {
             let context = RequestContext(offset: offset, validators: offset > 0 ? validators : nil,
                                          totalLength: offset > 0 || several ? total : nil,
                                          finished: conditional.flatMap { c in c.1.validators.map { ($0, c.1.length) } })
-            let headers = Self.requestHeaders(offset: offset, end: end, validators: validators,
+            let headers = Self.requestHeaders(offset: offset, end: requestEnd(offset: offset, end: end, url: url, cursor: cursor,
+                                                                      combinable: several || validators?.ifRange != nil),
+                                              validators: validators,
                                               conditional: conditional?.1.validators) + userFields(for: url, source: source)
             let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url, connection: id,
                                   source: source)
@@ -332,7 +351,7 @@ extension FileDownload {
                 let patience = lock.withLock { state.patience[id] ?? 0 }
                 try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience), into: sink)
             } catch is RangeComplete {
-                return .done
+                return .cut
             } catch is MetalinkAnswer {
                 throw MetalinkFollowed(metalink: try await readMetalink(at: url))
             } catch let rejected as SourceRejected {
@@ -386,6 +405,11 @@ extension FileDownload {
                 if failure == nil {
                     let pos = cursor.position.load(ordering: .relaxed)
                     let limit = min(cursor.end.load(ordering: .relaxed), lock.withLock { record.totalLength } ?? .max)
+                    if pos < limit, sink.finishedResponse {
+                        // A whole response to a piece of the range: the next piece is asked for at
+                        // once, on the same connection.
+                        continue
+                    }
                     if limit != .max, pos < limit {
                         failure = "the response ended after \(ByteCount.format(pos)) of \(ByteCount.format(limit))"
                     } else {
@@ -495,6 +519,25 @@ extension FileDownload {
         onEvent(.notice("connection \(id + 1) retired: \(why)"))
         return true
     }
+
+    /// Where a request for `offset..<end` ends. With several connections or sources an HTTP range
+    /// is asked for in pieces, each long enough that the round trip before the next costs about
+    /// 2% of its transfer, and at least ``minRequest``: a split then lands between two responses
+    /// (``SegmentScheduler/Segment/requested``) instead of cutting one short, which costs its
+    /// connection. Only when responses may be combined (`combinable`: a strong validator for
+    /// If-Range, or several sources, each response checked against the file's length; RFC 9110
+    /// §15.3.7.3), so a first request, which learns that, asks for everything. One connection
+    /// alone, and FTP (a data connection per request), ask for all of it.
+    func requestEnd(offset: Int64, end: Int64, url: String, cursor: SegmentCursor, combinable: Bool) -> Int64 {
+        guard combinable, options.connections > 1, !url.lowercased().hasPrefix("ftp") else { return end }
+        let latency = lock.withLock { state.quickestAnswer } ?? 0
+        let piece = max(Double(Self.minRequest), 50 * latency * (cursor.rate(now: Clock.monotonic()) ?? 0))
+        guard piece.isFinite, piece < Double(end - offset) else { return end }
+        return offset + Int64(piece)
+    }
+
+    /// The smallest piece of a range one request asks for (see ``requestEnd(offset:end:url:cursor:combinable:)``).
+    static let minRequest: Int64 = 4 << 20
 
     /// `Range` (open-ended only while the length is unknown, otherwise exactly the range, so a
     /// finished range leaves its connection reusable and nothing is sent twice), `If-Range` when

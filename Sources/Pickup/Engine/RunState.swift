@@ -36,7 +36,16 @@ struct RunState {
     /// Whether a response has confirmed the bytes held at the start (by `If-Range`), or none were held.
     var heldConfirmed = true
     /// Seconds from sending the latest request to its response head: what a new request costs.
-    var latency: Double?
+    private(set) var latency: Double?
+    /// The quickest answer of the run, in seconds (the round trip on an open connection, without
+    /// a connection's handshakes): what one more request costs.
+    private(set) var quickestAnswer: Double?
+
+    /// A response head came `seconds` after its request was sent.
+    mutating func answered(after seconds: Double) {
+        latency = seconds
+        quickestAnswer = min(quickestAnswer ?? seconds, seconds)
+    }
     /// The most bytes held at once in this run: what the retry budget counts progress by (a
     /// restart does not lower it).
     private(set) var mostHeld: Int64 = 0
@@ -321,7 +330,7 @@ struct RunState {
         var decidedTotal: Int64?
     }
 
-    mutating func partialResponse(segment: Int, at: Int64, total: Int64?, validators: Validators, source: Int = 0,
+    mutating func partialResponse(segment: Int, at: Int64, end: Int64? = nil, total: Int64?, validators: Validators, source: Int = 0,
                                   connection: Int? = nil, digest: ExpectedDigest?, connections: Int) -> Partial {
         var result = Partial()
         if record.validators(of: source) == nil || record.totalLength == nil && total != nil {
@@ -334,6 +343,8 @@ struct RunState {
         }
         sources.accepted(source, connection: connection)
         if scheduler == nil, let total { lengthKnown(total, claiming: segment) }
+        // Where this response ends: the plan and later splits land there when they can.
+        ranges { $0.requesting(segment, upTo: end) }
         if !connectionsDecided, let total = scheduler?.total {
             connectionsDecided = true
             result.decidedTotal = total

@@ -15,6 +15,10 @@ public struct SegmentScheduler: Sendable, Equatable {
         public var done: Int64
         /// The connection fetching it, if any.
         public var owner: Int?
+        /// Where the response its connection is reading ends (nil: none known, or one open to the
+        /// end). A split lands there when what lies beyond is worth taking: the response then
+        /// completes instead of being cut, and its connection stays open for the next request.
+        public var requested: Int64?
 
         /// Next byte to fetch.
         public var next: Int64 { start + done }
@@ -86,6 +90,9 @@ public struct SegmentScheduler: Sendable, Equatable {
         segments.map { SegmentRecord(start: $0.start, end: $0.end, done: min($0.done, $0.end - $0.start)) }
     }
 
+    /// Whether a range with bytes left has no connection.
+    public var hasUnowned: Bool { segments.contains { $0.owner == nil && $0.remaining > 0 } }
+
     /// Connections with a range.
     public var activeConnections: Int { segments.filter { $0.owner != nil && $0.remaining > 0 }.count }
 
@@ -138,9 +145,25 @@ public struct SegmentScheduler: Sendable, Equatable {
             // buffers: megabytes on a fast link) is then written, not fetched a second time.
             if keep < minSplit { keep = v.remaining < 2 * minSplit ? 0 : minSplit }
         }
+        keep = keepingResponse(victim, keep: keep)
         // The thief takes at least one minimum piece; a very slow victim may keep next to nothing.
         guard v.remaining - keep >= minSplit else { return takeStalled(for: connection, quiet: quiet) }
         return split(victim, keeping: keep, for: connection)
+    }
+
+    /// `keep` raised to the end of the response range `i` is reading, when at least a minimum piece
+    /// lies beyond it: a split there ends no response early (a cut HTTP/1 response costs its
+    /// connection, and the victim's next range a new TCP and TLS handshake).
+    private func keepingResponse(_ i: Int, keep: Int64) -> Int64 {
+        let s = segments[i]
+        guard let r = s.requested, r > s.next + keep, s.end - r >= minSplit else { return keep }
+        return r - s.next
+    }
+
+    /// Range `segment`'s connection reads a response that ends at `end` (nil: open or unknown).
+    public mutating func requesting(_ segment: Int, upTo end: Int64?) {
+        guard segments.indices.contains(segment) else { return }
+        segments[segment].requested = end
     }
 
     /// The tail of `victim` from `keep` bytes past its next byte goes to `connection`.
@@ -148,6 +171,7 @@ public struct SegmentScheduler: Sendable, Equatable {
         let v = segments[victim]
         let mid = v.next + keep
         segments[victim].end = mid
+        if let r = v.requested, r > mid { segments[victim].requested = nil }
         segments.append(Segment(start: mid, end: v.end, done: 0, owner: connection))
         return Assignment(segment: segments.count - 1, shrunk: (victim, mid))
     }
@@ -171,14 +195,15 @@ public struct SegmentScheduler: Sendable, Equatable {
                 segments[i].remaining >= 2 * minSplit
             else { return }
             let s = segments[i]
-            let mid = s.next + s.remaining / 2
+            let mid = s.next + keepingResponse(i, keep: s.remaining / 2)
             segments[i].end = mid
             segments.append(Segment(start: mid, end: s.end, done: 0, owner: nil))
         }
     }
 
-    /// Goes on with one connection: every range another connection owns ends at its reported
-    /// progress, and the rest of it becomes an unowned range. The connection that keeps its range
+    /// Goes on with one connection: every range another connection owns ends where the response
+    /// it reads ends (else at its reported progress), and the rest of it becomes an unowned range:
+    /// its connection stays open, idle, for the connections to come back on. The connection that keeps its range
     /// is the fastest by `rates` (bytes per second by segment), else the one with the most work
     /// left. Returns it (nil when no connection owns a range) and the ranges whose end was
     /// lowered, with their new end.
@@ -188,7 +213,7 @@ public struct SegmentScheduler: Sendable, Equatable {
             (rates[$0] ?? 0, segments[$0].remaining) < (rates[$1] ?? 0, segments[$1].remaining)
         }) else { return (nil, []) }
         var cut: [(segment: Int, end: Int64)] = []
-        for i in owned where i != keep { cut.append(cutAtProgress(i)) }
+        for i in owned where i != keep { cut.append(cutAtProgress(i, finishingResponse: true)) }
         return (segments[keep].owner, cut)
     }
 
@@ -203,11 +228,15 @@ public struct SegmentScheduler: Sendable, Equatable {
         return cut
     }
 
-    private mutating func cutAtProgress(_ i: Int) -> (segment: Int, end: Int64) {
+    /// Range `i` ends at its progress, or, `finishingResponse`, where the response it reads ends
+    /// (which keeps the connection open), and the rest becomes an unowned range.
+    private mutating func cutAtProgress(_ i: Int, finishingResponse: Bool = false) -> (segment: Int, end: Int64) {
         let s = segments[i]
-        segments[i].end = s.next
-        segments.append(Segment(start: s.next, end: s.end, done: 0, owner: nil))
-        return (i, s.next)
+        var at = s.next
+        if finishingResponse, let r = s.requested, r > at, r < s.end { at = r }
+        segments[i].end = at
+        segments.append(Segment(start: at, end: s.end, done: 0, owner: nil))
+        return (i, at)
     }
 
     /// Records progress of a range (bytes written from its start).
@@ -217,6 +246,9 @@ public struct SegmentScheduler: Sendable, Equatable {
 
     /// The connection stops (finished, failed or retired): its unfinished range is free to take.
     public mutating func release(_ connection: Int) {
-        for i in segments.indices where segments[i].owner == connection { segments[i].owner = nil }
+        for i in segments.indices where segments[i].owner == connection {
+            segments[i].owner = nil
+            segments[i].requested = nil
+        }
     }
 }
