@@ -103,6 +103,7 @@ struct Batch {
             stateDirectory: StateDirectory.default.appending("batches").appending(Self.key(listKey + "\n" + outDir.string)))
         (config.engine, config.transport) = get.engine.settings()
         config.engine.stateDirectory = StateDirectory.default  // completion records shared with single downloads
+        config.engine.multiplex = true  // many files to a host: HTTP/2 streams of one connection where offered
         config.maxConcurrentDownloads = get.jobs
         config.speedLimit = get.limitRate.flatMap(Get.rate)
         config.autoStart = false

@@ -79,6 +79,7 @@ struct Serve: AsyncParsableCommand {
         config.order = order.flatMap(QueueOrder.init(rawValue:))
         config.hooks = hookFlags.hooks
         (config.engine, config.transport) = engine.settings()
+        config.engine.multiplex = true  // a queue of files: HTTP/2 streams of one connection where offered
         let daemon: Daemon
         do {
             daemon = try Daemon(configuration: config)

@@ -28,11 +28,11 @@ struct TLSNginx {
     let nginx: Nginx
     let certificate: String
 
-    init(serving files: [String: [UInt8]]) throws {
+    init(serving files: [String: [UInt8]], http2: Bool = false) throws {
         for (name, bytes) in files { site.write(name, bytes) }
         let (cert, key) = try makeLoopbackCertificate(in: keys)
         certificate = cert
-        nginx = try Nginx(root: site.path.string, tls: (cert, key))
+        nginx = try Nginx(root: site.path.string, tls: (cert, key), http2: http2)
     }
 
     func stop() { nginx.stop() }

@@ -23,8 +23,9 @@ public final class Nginx: @unchecked Sendable {
     /// Starts nginx serving `root`, or throws when nginx is missing or does not come up.
     /// `locations` is added to the server block as it is (extra `location` blocks); `$WORK` in it is
     /// nginx's own work directory, where `files` are written first (name to contents).
+    /// `http2`: offered by ALPN on the TLS port.
     public init(root: String, limitRate: String = "2m", locations: String = "", files: [String: String] = [:],
-                tls: (certificate: String, key: String)? = nil) throws {
+                tls: (certificate: String, key: String)? = nil, http2: Bool = false) throws {
         guard let binary = Nginx.binary else { throw NSError(domain: "nginx not installed", code: 1) }
         self.root = root
         self.tls = tls != nil
@@ -42,7 +43,7 @@ public final class Nginx: @unchecked Sendable {
             error_log \(work)/error.log warn;
             events { worker_connections 1024; }
             http {
-                log_format codes '$status $body_bytes_sent';
+                log_format codes '$status $body_bytes_sent $connection $server_protocol';
                 access_log \(work)/access.log codes;
                 client_body_temp_path \(work)/body;
                 proxy_temp_path \(work)/proxy;
@@ -50,7 +51,7 @@ public final class Nginx: @unchecked Sendable {
                 sendfile on;
                 tcp_nopush on;
                 server {
-                    listen 127.0.0.1:\(port)\(tls == nil ? "" : " ssl");
+                    listen 127.0.0.1:\(port)\(tls == nil ? "" : " ssl")\(http2 ? " http2" : "");
                     \(tls.map { "ssl_certificate \($0.certificate); ssl_certificate_key \($0.key);" } ?? "")
                     root \(root);
                     location /slow/ { alias \(root)/; limit_rate \(limitRate); }
@@ -79,6 +80,16 @@ public final class Nginx: @unchecked Sendable {
     public var loggedStatuses: [Int] {
         let log = (try? String(contentsOfFile: work + "/access.log", encoding: .utf8)) ?? ""
         return log.split(separator: "\n").compactMap { Int($0.split(separator: " ").first ?? "") }
+    }
+
+    /// The connection (nginx's serial number) and protocol of each logged request, in order.
+    public var loggedConnections: [(connection: Int, protocol: String)] {
+        let log = (try? String(contentsOfFile: work + "/access.log", encoding: .utf8)) ?? ""
+        return log.split(separator: "\n").compactMap { line in
+            let f = line.split(separator: " ")
+            guard f.count >= 4, let c = Int(f[2]) else { return nil }
+            return (c, String(f[3]))
+        }
     }
 
     /// Stops nginx.

@@ -105,6 +105,12 @@ public struct DownloadOptions: Sendable {
     var cpuClock: @Sendable () -> Double = ProcessCPU.seconds
     /// Told each decision of the connection tuner as it is carried out (tests).
     var onTune: (@Sendable (ConnectionTuner.Action) -> Void)? = nil
+    /// A download's first request may go as a stream of an HTTP/2 connection shared with other
+    /// downloads to the same host, when the server offers HTTP/2 (by ALPN, over TLS): many small
+    /// files then cost one connection and one handshake, not one each. The ranges of a file that is
+    /// split go over HTTP/1.1 connections of their own (one TCP connection per range, each with its
+    /// own window). Off by default; batches (`pickup get -i`) and `pickup serve` turn it on.
+    public var multiplex = false
     /// No range is split into pieces smaller than this many bytes.
     public var minSplitSize: Int64 = 1 << 20
     /// The largest file accepted, in bytes (nil: no limit): a larger announced length fails at

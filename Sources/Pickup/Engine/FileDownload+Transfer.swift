@@ -349,7 +349,10 @@ extension FileDownload {
             }
             do {
                 let patience = lock.withLock { state.patience[id] ?? 0 }
-                try await transport.fetch(FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience), into: sink)
+                // A first request (no length known yet) may share an HTTP/2 connection; ranges do not.
+                let request = FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience,
+                                           multiplex: options.multiplex && offset == 0 && total == nil)
+                try await transport.fetch(request, into: sink)
             } catch is RangeComplete {
                 return .cut
             } catch is MetalinkAnswer {

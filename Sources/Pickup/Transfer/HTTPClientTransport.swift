@@ -51,10 +51,16 @@ public final class HTTPClientTransport: Transport {
         public init() {}
     }
 
-    /// AsyncHTTPClient's clients by proxy (nil: direct) and patience: created when first needed
-    /// (a stall timeout is a client's setting; a request that waits longer takes another client).
+    /// AsyncHTTPClient's clients by proxy (nil: direct), patience and HTTP version: created when
+    /// first needed (a stall timeout is a client's setting, a request that waits longer takes
+    /// another client; and the HTTP version is a client's setting, so requests that may share an
+    /// HTTP/2 connection (``FetchRequest/multiplex``) have clients of their own).
     let clients: NIOLockedValueBox<[ClientKey: HTTPClient]>
-    struct ClientKey: Hashable { let proxy: ProxyURL?; let patience: Int }
+    struct ClientKey: Hashable {
+        let proxy: ProxyURL?
+        let patience: Int
+        var multiplex = false
+    }
     let configuration: HTTPClient.Configuration
     /// Requests through HTTP proxies (absolute form, or CONNECT tunnels).
     let viaProxy: ProxyTransport
@@ -102,6 +108,8 @@ public final class HTTPClientTransport: Transport {
         config.http1_1ConnectionDebugInitializer = { channel in
             channel.setOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
         }
+        // (An HTTP/2 connection reads for all its streams: the same budget.)
+        config.http2ConnectionDebugInitializer = config.http1_1ConnectionDebugInitializer
         configuration = config
         stallTimeout = options.stallTimeout
         maxStallTimeout = max(options.stallTimeout, options.maxStallTimeout)
@@ -127,14 +135,16 @@ public final class HTTPClientTransport: Transport {
         min(maxStallTimeout, stallTimeout * Double(1 << min(max(0, patience), 20)))
     }
 
-    /// The client for requests through `proxy` (a SOCKS proxy, or nil) with this much patience.
-    func client(via proxy: ProxyURL?, patience: Int) -> HTTPClient {
-        let key = ClientKey(proxy: proxy, patience: patience)
+    /// The client for requests through `proxy` (a SOCKS proxy, or nil) with this much patience;
+    /// `multiplex`: one that speaks HTTP/2 when the server offers it.
+    func client(via proxy: ProxyURL?, patience: Int, multiplex: Bool = false) -> HTTPClient {
+        let key = ClientKey(proxy: proxy, patience: patience, multiplex: multiplex)
         return clients.withLockedValue { all in
             if let c = all[key] { return c }
             var c = configuration
             c.timeout.read = Seconds.timeAmount(stallTimeout(patience: patience) ?? stallTimeout)
             if let proxy { c.proxy = .socksServer(host: proxy.host, port: proxy.port) }
+            if multiplex { c.httpVersion = .automatic }
             let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: c)
             all[key] = client
             return client
@@ -258,7 +268,8 @@ public final class HTTPClientTransport: Transport {
             throw TransportError.fatal("invalid URL \(DownloadURL.redacted(request.url)): \(error)")
         }
         let delegate = SinkDelegate(sink)
-        let task = client(via: proxy, patience: patience).execute(request: req, delegate: delegate, eventLoop: preference)
+        let task = client(via: proxy, patience: patience, multiplex: request.multiplex)
+            .execute(request: req, delegate: delegate, eventLoop: preference)
         delegate.armHeadDeadline(task, in: headTimeout)
         do {
             try await withTaskCancellationHandler {

@@ -11,13 +11,18 @@ public struct FetchRequest: Sendable {
     /// How patient to be with a server that stalls: 0 waits the transport's stall timeout, each
     /// step doubles it, up to the transport's bound (``Transport/stallTimeout(patience:)``).
     public var patience: Int
+    /// It may go as a stream of an HTTP/2 connection shared with other requests to the host, when
+    /// the server offers HTTP/2 (``DownloadOptions/multiplex``); otherwise over HTTP/1.1.
+    public var multiplex: Bool
 
     /// A request.
-    public init(url: String, headers: [(name: String, value: String)] = [], lane: Int? = nil, patience: Int = 0) {
+    public init(url: String, headers: [(name: String, value: String)] = [], lane: Int? = nil, patience: Int = 0,
+                multiplex: Bool = false) {
         self.url = url
         self.headers = headers
         self.lane = lane
         self.patience = patience
+        self.multiplex = multiplex
     }
 }
 
