@@ -74,9 +74,10 @@ def make_certificate(work):
     return cert, key
 
 
-def start_nginx(work, site, port, status_port, tls=None, mirror_ports=()):
+def start_nginx(work, site, port, status_port, tls=None, mirror_ports=(), h2_port=None):
     """nginx serving `site` on `port`, and with TLS on the same locations on `tls`'s port when `tls` is
-    (port, certificate, key); its stub_status on `status_port`. `mirror_ports`: (plain, TLS or None)."""
+    (port, certificate, key), and on `h2_port` with TLS offering HTTP/2 as well; its stub_status on
+    `status_port`. `mirror_ports`: (plain, TLS or None)."""
     listen = lambda p, tp: f"listen 127.0.0.1:{p};" + (f" listen 127.0.0.1:{tp} ssl;" if tp else "")
     # Mirrors (the mirrors case): each its own server, 2 connections per client, 4 MiB/s each; a
     # third connection gets 503.
@@ -100,7 +101,7 @@ http {{
     # The connection that asks for the start of the file is ten times slower than the others.
     map $http_range $skew_rate {{ "~^bytes=0-" 2m; default 20m; }}
     server {{
-        {listen(port, tls[0] if tls else None)}
+        {listen(port, tls[0] if tls else None)}{f" listen 127.0.0.1:{h2_port} ssl http2;" if h2_port else ""}
         root {site};
         location /throttled/ {{ alias {site}/; limit_rate 20m; }}
         location /skewed/ {{ alias {site}/; limit_rate $skew_rate; }}
@@ -259,7 +260,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cases", default="throttled,single,multi,skewed,defaults,batch,queue,daemon,events")
     ap.add_argument("--scheme", default="https,http",
-                    help="over which schemes each network case runs, in this order (ftp and squid: their own)")
+                    help="over which schemes each network case runs, in this order (ftp and squid: their own); "
+                         "h2: https from a port that offers HTTP/2 too")
     ap.add_argument("--size-mib", type=int, default=1024, help="the file of the single, multi, defaults, squid and ftp cases")
     ap.add_argument("--pickup", default=os.path.join(ROOT, ".build/release/pickup"))
     ap.add_argument("--daemon-downloads", type=int, default=10_000, help="downloads in the daemon and events cases")
@@ -273,8 +275,8 @@ def main():
     if not os.path.exists(args.pickup):
         raise SystemExit("build first: swift build -c release")
     schemes = args.scheme.split(",")
-    if not schemes or set(schemes) - {"http", "https"}:
-        raise SystemExit(f"--scheme: https, http or both, not {args.scheme}")
+    if not schemes or set(schemes) - {"http", "https", "h2"}:
+        raise SystemExit(f"--scheme: https, http, h2 or several, not {args.scheme}")
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     work = tempfile.mkdtemp(prefix="pickup-bench-", dir=base)
     site = os.path.join(work, "site")
@@ -314,16 +316,17 @@ def main():
         subprocess.run(["head", "-c", str(size), "/dev/urandom"], stdout=open(path, "wb"), check=True)
         with open(path, "rb") as f:
             digests[name] = hashlib.file_digest(f, "sha256").hexdigest()
-    https = "https" in schemes
+    https = bool({"https", "h2"} & set(schemes))
     cert, cert_key = make_certificate(work) if https else (None, None)
     port, status_port = free_port(), free_port()
     tls = (free_port(), cert, cert_key) if https else None
     mirror_ports = [(free_port(), free_port() if https else None) for _ in range(3)] if "mirrors" in wanted else []
-    nginx = start_nginx(work, site, port, status_port, tls, mirror_ports)
+    h2_port = free_port() if "h2" in schemes else None
+    nginx = start_nginx(work, site, port, status_port, tls, mirror_ports, h2_port)
     accepts = NginxAccepts(status_port)
     base_url = f"http://127.0.0.1:{port}"
     # Each scheme's origin, in the order of --scheme (https first unless told).
-    origins = {s: base_url if s == "http" else f"https://127.0.0.1:{tls[0]}" for s in schemes}
+    origins = {s: base_url if s == "http" else f"https://127.0.0.1:{h2_port if s == 'h2' else tls[0]}" for s in schemes}
     ftps = []
     ftp_url = ftp_limited_url = None
     if "ftp" in wanted:
@@ -420,7 +423,7 @@ def main():
                         clear(d)
                 print_table(f"### {title}" + (f", over {scheme}" if scheme else "")
                             + (f" (physical limit {ideal:.2f} s)" if ideal else ""), results, ideal,
-                            note=AXEL_HTTPS if scheme == "https" and "axel" in results else None)
+                            note=AXEL_HTTPS if scheme in ("https", "h2") and "axel" in results else None)
     finally:
         nginx.kill()
         nginx.wait()
@@ -467,7 +470,7 @@ def mirrors_case(args, outdirs, ports, schemes, ca, accepts, digest):
         urls = [f"{scheme}://127.0.0.1:{p if scheme == 'http' else tp}/48m.bin" for p, tp in ports]
         results = mirror_runs(args, outdirs, urls, digest, ca, accepts)
         print_table(f"### three mirrors, 2 connections each at 4 MiB/s, 48 MiB, over {scheme} (physical limit 2.00 s)",
-                    results, 2.0, note=AXEL_HTTPS if scheme == "https" and "axel" in results else None)
+                    results, 2.0, note=AXEL_HTTPS if scheme in ("https", "h2") and "axel" in results else None)
 
 
 def mirrors_even_case(args, work, site, outdirs, schemes, cert, key, digest):
@@ -495,7 +498,7 @@ def mirrors_even_case(args, work, site, outdirs, schemes, cert, key, digest):
                 proc.wait()
         print_table(f"### three mirrors pacing evenly (token bucket), 2 connections each at 4 MiB/s, 48 MiB, over {scheme} "
                     "(physical limit 2.00 s)", results, 2.0,
-                    note=AXEL_HTTPS if scheme == "https" and "axel" in results else None)
+                    note=AXEL_HTTPS if scheme in ("https", "h2") and "axel" in results else None)
 
 
 EVEN_RATE = 4 * MiB  # bytes per second, per connection
