@@ -12,9 +12,7 @@ import Testing
     /// the daemon shows after the round; every GET answered a state that was (the one before the
     /// round or a change's); the manager's settings and `settings.json` are the last state. Prints its seed; `PICKUP_SETTINGS_SEED` replays it.
     @Test func concurrentChangesEndAsIfOneRanAfterTheOther() async throws {
-        let seed = ProcessInfo.processInfo.environment["PICKUP_SETTINGS_SEED"].flatMap { UInt64($0) }
-            ?? UInt64.random(in: 1...UInt64(UInt32.max))
-        print("daemon settings test: seed \(seed) (replay with PICKUP_SETTINGS_SEED=\(seed))")
+        let seed = propertySeed("PICKUP_SETTINGS_SEED", "daemon settings test")
         var random = SplitMix(state: seed)
         let f = try await DaemonFixture()
         let started = f.daemon.configuration.transport.proxies
