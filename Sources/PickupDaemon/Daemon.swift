@@ -70,7 +70,8 @@ public final class Daemon: Sendable {
     public let root: FilePath
     let configuration: DaemonConfiguration
     let files: DaemonFiles
-    let settingsLock = NIOLock()
+    /// The settings the API changes (`/settings`, `settings.json`).
+    let settings: DaemonSettings
     /// What `Host` may say once listening: the daemon's own addresses with the bound port.
     let authorities = NIOLockedValueBox<Set<String>>([])
     /// The running service group, to stop it as a signal would.
@@ -79,10 +80,6 @@ public final class Daemon: Sendable {
     let hub: EventHub
     /// Connections open now (``ConnectionLimit``).
     let connections = ManagedAtomic(0)
-    /// The proxy set through the API (nil: what `pickup serve` was started with).
-    let proxySetting = NIOLockedValueBox<String?>(nil)
-    /// `proxyTunnel` set through the API (nil: what `pickup serve` was started with).
-    let tunnelSetting = NIOLockedValueBox<Bool?>(nil)
     /// The hooks: the command line's, else the settings file's.
     public let hooks: Hooks
 
@@ -119,7 +116,7 @@ public final class Daemon: Sendable {
         }
         let saved = files.loadSettings()
         var manager = DownloadManager.Configuration(stateDirectory: configuration.stateDirectory.appending("manager"))
-        manager.maxConcurrentDownloads = configuration.maxConcurrentDownloads ?? saved?.maxConcurrentDownloads ?? 3
+        manager.maxConcurrentDownloads = max(1, configuration.maxConcurrentDownloads ?? saved?.maxConcurrentDownloads ?? 3)
         manager.speedLimit = configuration.speedLimit ?? saved?.speedLimit ?? nil
         manager.order = configuration.order ?? saved.flatMap { QueueOrder(rawValue: $0.order) } ?? .fifo
         manager.startsAllAtOnce = saved?.startsAllAtOnce ?? false
@@ -133,11 +130,15 @@ public final class Daemon: Sendable {
         }
         manager.root = root
         self.manager = try DownloadManager(configuration: manager)
+        // As the manager holds them (a limit below the minimum raised to it).
+        let initial = APISettings(maxConcurrentDownloads: manager.maxConcurrentDownloads,
+                                  speedLimit: RateLimiter(bytesPerSecond: manager.speedLimit).bytesPerSecond,
+                                  proxy: saved?.proxy, proxyTunnel: saved?.proxyTunnel, order: manager.order.rawValue,
+                                  startsAllAtOnce: manager.startsAllAtOnce)
+        settings = DaemonSettings(initial, manager: self.manager, files: files, started: configuration.transport.proxies)
         (token, tokenIsNew) = try files.token()
         self.root = root
         hub = EventHub(maxClients: configuration.maxEventClients, maxBuffered: configuration.maxEventBacklog)
-        proxySetting.withLockedValue { $0 = saved?.proxy }
-        tunnelSetting.withLockedValue { $0 = saved?.proxyTunnel }
         let fileHooks = files.loadHooks { FileHandle.standardError.write(Data("pickup serve: \($0)\n".utf8)) }
         hooks = Hooks(onComplete: configuration.hooks.onComplete ?? fileHooks.onComplete,
                       onError: configuration.hooks.onError ?? fileHooks.onError,
@@ -223,54 +224,6 @@ public final class Daemon: Sendable {
     static func proxyRules(_ text: String, over started: ProxyRules) throws(PickupError) -> ProxyRules {
         let p = try ProxyURL(parsing: text)
         return ProxyRules(http: p, https: p, ftp: p, noProxy: started.noProxy, tunnel: started.tunnel)
-    }
-
-    /// The settings as they are now (the proxy's password as `***` unless `secrets`, for the file).
-    func settings(secrets: Bool = false) async -> APISettings {
-        let proxy = proxySetting.withLockedValue { $0 }
-        return APISettings(maxConcurrentDownloads: await manager.maxConcurrentDownloads, speedLimit: await manager.speedLimit,
-                           proxy: secrets ? proxy : proxy.map(ProxyURL.redacted), proxyTunnel: tunnelSetting.withLockedValue { $0 },
-                           order: await manager.order.rawValue,
-                           startsAllAtOnce: await manager.startsAllAtOnce)
-    }
-
-    /// Applies and saves a change of settings.
-    func apply(_ patch: APISettingsPatch) async throws(APIError) -> APISettings {
-        if let n = patch.maxConcurrentDownloads {
-            guard (1...64).contains(n) else { throw .badRequest("maxConcurrentDownloads must be 1 to 64") }
-        }
-        if case .some(.some(let limit)) = patch.speedLimit, limit < RateLimiter.minimum {
-            throw .badRequest("speedLimit must be at least \(RateLimiter.minimum) bytes per second, or null for none")
-        }
-        var order: QueueOrder? = nil
-        if let text = patch.order {
-            guard let o = QueueOrder(rawValue: text) else { throw .badRequest("order must be fifo or lifo") }
-            order = o
-        }
-        var rules: ProxyRules? = nil
-        let proxy = patch.proxy ?? proxySetting.withLockedValue { $0 }
-        let tunnel = patch.proxyTunnel ?? tunnelSetting.withLockedValue { $0 }
-        if patch.proxy != nil || patch.proxyTunnel != nil {
-            var started = configuration.transport.proxies
-            if let tunnel { started.tunnel = tunnel }
-            do throws(PickupError) {
-                rules = try proxy.map { text throws(PickupError) in try Self.proxyRules(text, over: started) } ?? started
-            } catch {
-                throw .badRequest("proxy: \(error.description)")
-            }
-        }
-        if let n = patch.maxConcurrentDownloads { await manager.setMaxConcurrentDownloads(n) }
-        if let limit = patch.speedLimit { await manager.setSpeedLimit(limit) }
-        if let order { await manager.setOrder(order) }
-        if let on = patch.startsAllAtOnce { await manager.setStartsAllAtOnce(on) }
-        if let rules {
-            proxySetting.withLockedValue { $0 = proxy }
-            tunnelSetting.withLockedValue { $0 = tunnel }
-            // A proxy an API client chose carries no one's secrets (null: back to serve's own).
-            await manager.setProxies(rules, trusted: proxy == nil)
-        }
-        files.saveSettings(await settings(secrets: true))
-        return await settings()
     }
 
     /// Connections the process can afford: half of its descriptor limit (the soft limit raised to

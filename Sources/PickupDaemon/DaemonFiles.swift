@@ -87,6 +87,7 @@ public struct DaemonFiles: Sendable {
 
     static let hookKeys = ["onComplete", "onError", "hookTimeout"]
 
+    /// Saves the settings (blocking calls: open, write, fsync, rename; run it on ``BlockingIO``).
     func saveSettings(_ s: APISettings) {
         guard var data = try? JSONEncoder().encode(s) else { return }
         // The hooks the owner wrote in the file stay.
@@ -102,7 +103,8 @@ public struct DaemonFiles: Sendable {
         guard let fd = try? FileDescriptor.open(tmp, .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
                                                 permissions: [.ownerReadWrite])
         else { return }
-        let written = (try? fd.closeAfter { try fd.writeAll(data) }) != nil
+        // Its bytes durable before the rename: a crash leaves the old file or the new one whole.
+        let written = (try? fd.closeAfter { () throws -> Void in _ = try fd.writeAll(data); try FS.fsync(fd) }) != nil
         if !written || rename(tmp.string, settingsPath.string) != 0 { _ = unlink(tmp.string) }
     }
 }

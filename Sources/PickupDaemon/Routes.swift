@@ -50,10 +50,10 @@ struct Routes {
             await manager.resumeAll()
             return Response(status: .noContent)
         }
-        api.get("/settings") { _, _ in JSON.response(await daemon.settings()) }
+        api.get("/settings") { _, _ in JSON.response(await daemon.settings.shown()) }
         api.patch("/settings") { request, _ in
             let patch = try await JSON.decode(APISettingsPatch.self, from: request)
-            return JSON.response(try await daemon.apply(patch))
+            return JSON.response(try await daemon.settings.apply(patch))
         }
         api.get("/events") { _, _ in try await events() }
     }

@@ -130,7 +130,9 @@ struct SchemaChecker {
 
         let body = Resource.bytes(count: 200_000)
         f.server.set("/a.bin", Resource(body: body))
-        f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 2_000_000), bytesPerSecond: 250_000))
+        // Slow enough (100 s) never to complete during the test, however loaded the machine: 2 is
+        // used to the end.
+        f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 2_000_000), bytesPerSecond: 20_000))
         f.server.set("/bad.bin", Resource(body: Resource.bytes(count: 1000)))
         try await call(.POST, "/downloads", "/downloads", body: #"{"url":"\#(f.server.url("/a.bin"))","connections":2}"#)
         try await call(.POST, "/downloads", "/downloads", body: #"{"url":"\#(f.server.url("/slow.bin"))","name":"s.bin","speedLimit":400000}"#)
@@ -172,6 +174,8 @@ struct SchemaChecker {
         try await call(.DELETE, "/downloads/{id}", "/downloads/404")
         // (Download 2, running again since resume-all, is kept for the events below.)
         _ = try await f.client.pause(2)
+        // So is 3, running until its retry has failed.
+        try await f.waitUntil { $0[3]?.state == "failed" }
         try await call(.DELETE, "/downloads", "/downloads?state=running")
         try await call(.DELETE, "/downloads", "/downloads?state=failed&deletePartial=maybe")
         try await call(.DELETE, "/downloads", "/downloads?state=completed&deleteFile=true&deletePartial=false")

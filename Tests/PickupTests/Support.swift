@@ -19,6 +19,14 @@ final class TempDir: @unchecked Sendable {
     var entries: [String] { ((try? FileManager.default.contentsOfDirectory(atPath: path.string)) ?? []).sorted() }
 }
 
+/// A property test's seed: `variable` from the environment (to replay a run), else a new one;
+/// printed either way, with `test`'s name.
+func propertySeed(_ variable: String, _ test: String) -> UInt64 {
+    let seed = ProcessInfo.processInfo.environment[variable].flatMap { UInt64($0) } ?? UInt64.random(in: 1...UInt64(UInt32.max))
+    print("\(test): seed \(seed) (replay with \(variable)=\(seed))")
+    return seed
+}
+
 /// Collects notices and progress for assertions.
 final class EventLog: @unchecked Sendable {
     private let lock = NSLock()

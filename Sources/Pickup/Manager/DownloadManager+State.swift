@@ -8,7 +8,6 @@ extension DownloadManager {
     func moveTo(_ id: DownloadID, _ state: DownloadState) {
         guard queue.transition(id, to: state) else { return }
         update(id) {
-            $0.state = state
             if state == .waiting { $0.failure = nil; $0.finishedAt = nil }
             if state != .running { $0.progress.bytesPerSecond = 0 }
         }
@@ -24,19 +23,28 @@ extension DownloadManager {
         run.task.cancel()
     }
 
-    func update(_ id: DownloadID, _ change: (inout DownloadInfo) -> Void) {
-        guard var info = infos[id] else { return }
-        change(&info)
-        infos[id] = info
+    func update(_ id: DownloadID, _ change: (inout DownloadDetails) -> Void) {
+        guard var d = details[id] else { return }
+        change(&d)
+        details[id] = d
     }
+
+    /// A download as it is now: its details, and its state and priority as the queue has them.
+    func info(_ id: DownloadID) -> DownloadInfo? {
+        guard let d = details[id], let entry = queue.entries[id] else { return nil }
+        return d.info(entry)
+    }
+
+    /// A download's state, as the queue has it.
+    func state(of id: DownloadID) -> DownloadState? { queue.entries[id]?.state }
 
     /// Saves a download's row (its state as given, else as it is), on the blocking-I/O pool. A
     /// failure to save costs nothing but the row's freshness: the download itself goes on, the
     /// engine's control file still holds its bytes, and the next change writes the row again.
     func persist(_ id: DownloadID, state: DownloadState? = nil) {
-        guard var info = infos[id] else { return }
+        guard var info = info(id), let place = queue.entries[id]?.place else { return }
         if let state { info.state = state }
-        store.update([DownloadRow(info: info, place: queue.entries[id]?.place ?? 0)])
+        store.update([DownloadRow(info: info, place: place)])
     }
 
     func emit(_ event: ManagerEvent) {
@@ -50,7 +58,7 @@ extension DownloadManager {
     }
 
     func emitChanged(_ id: DownloadID) {
-        if let info = infos[id] { emit(.changed(info)) }
+        if let info = info(id) { emit(.changed(info)) }
     }
 
     /// Downloads changed state: totals are sent at the next tick. When the set of downloads
@@ -69,7 +77,7 @@ extension DownloadManager {
             return r
         }
         for n in reported.notices { emit(.notice(id, n)) }
-        if let p = reported.progress, infos[id]?.state == .running, infos[id]?.progress != p {
+        if let p = reported.progress, state(of: id) == .running, details[id]?.progress != p {
             update(id) { $0.progress = p }
             emit(.progress(id, p))
             totalsDirty = true
@@ -108,14 +116,15 @@ extension DownloadManager {
     func computeTotals() -> ManagerTotals {
         var t = ManagerTotals()
         var knownDone: Int64 = 0
-        for info in infos.values {
-            t.counts[info.state, default: 0] += 1
-            t.bytesDone += info.progress.bytesDone
-            if let total = info.progress.totalBytes {
+        for (id, e) in queue.entries {
+            t.counts[e.state, default: 0] += 1
+            guard let progress = details[id]?.progress else { continue }
+            t.bytesDone += progress.bytesDone
+            if let total = progress.totalBytes {
                 t.totalBytes += total
-                knownDone += min(total, info.progress.bytesDone)
+                knownDone += min(total, progress.bytesDone)
             }
-            if info.state == .running { t.bytesPerSecond += info.progress.bytesPerSecond }
+            if e.state == .running { t.bytesPerSecond += progress.bytesPerSecond }
         }
         if t.totalBytes > 0 {
             let f = max(floorFraction, Double(knownDone) / Double(t.totalBytes))
@@ -134,14 +143,14 @@ extension DownloadManager {
 
     func checkKnown(_ id: DownloadID) throws(PickupError) {
         try checkOpen()
-        if infos[id] == nil { throw .invalidInput("no download with id \(id)") }
+        if details[id] == nil { throw .invalidInput("no download with id \(id)") }
     }
 
     /// The engine's request for a download.
-    static func request(for info: DownloadInfo, root: FilePath?) -> DownloadRequest {
-        DownloadRequest(url: info.url, destination: info.destination, checksum: info.checksum, overwrite: info.overwrite,
-                        connections: info.connections, root: root, options: info.options, mirrors: info.mirrors,
-                        pieces: info.pieces, length: info.length)
+    static func request(for d: DownloadDetails, root: FilePath?) -> DownloadRequest {
+        DownloadRequest(url: d.url, destination: d.destination, checksum: d.checksum, overwrite: d.overwrite,
+                        connections: d.connections, root: root, options: d.options, mirrors: d.mirrors,
+                        pieces: d.pieces, length: d.length)
     }
 
     /// A destination with an absolute path, so that it means the same after a restart elsewhere.
@@ -164,23 +173,23 @@ extension DownloadManager {
     }
 
     /// Whether a completed download's file is still at its path with its size.
-    static func fileIsThere(_ info: DownloadInfo, root: FilePath?) -> Bool {
-        guard let (dir, name) = finishedFile(of: info, root: root), let size = dir.size(name) else { return false }
-        return info.progress.totalBytes.map { $0 == size } ?? true
+    static func fileIsThere(_ d: DownloadDetails, root: FilePath?) -> Bool {
+        guard let (dir, name) = finishedFile(of: d, root: root), let size = dir.size(name) else { return false }
+        return d.progress.totalBytes.map { $0 == size } ?? true
     }
 
     /// Deletes a completed download's file if it is still the one downloaded (through its
     /// directory's handle: a symlink planted since, on the way or at the name, is never followed).
-    static func deleteFile(of info: DownloadInfo, root: FilePath?) {
-        guard let (dir, name) = finishedFile(of: info, root: root), let size = dir.size(name),
-            info.progress.totalBytes.map({ $0 == size }) ?? true
+    static func deleteFile(of d: DownloadDetails, root: FilePath?) {
+        guard let (dir, name) = finishedFile(of: d, root: root), let size = dir.size(name),
+            d.progress.totalBytes.map({ $0 == size }) ?? true
         else { return }
         dir.remove(name)
     }
 
     /// The open directory of a finished download's file, and its name there.
-    static func finishedFile(of info: DownloadInfo, root: FilePath?) -> (DirectoryHandle, String)? {
-        guard let path = info.path, let name = path.lastComponent?.string,
+    static func finishedFile(of d: DownloadDetails, root: FilePath?) -> (DirectoryHandle, String)? {
+        guard let path = d.path, let name = path.lastComponent?.string,
             let dir = try? DirectoryHandle.open(path.removingLastComponent(), under: root, create: false)
         else { return nil }
         return (dir, name)

@@ -106,8 +106,10 @@ public actor DownloadManager {
     var transportOptions: HTTPClientTransport.Options
     let globalLimiter: RateLimiter
 
+    /// Every download's state, priority and place: the one place they are kept.
     var queue: DownloadQueue
-    var infos: [DownloadID: DownloadInfo] = [:]
+    /// The rest of what is known of every download (``info(_:)`` puts the two together).
+    var details: [DownloadID: DownloadDetails] = [:]
     var keys: [Key: DownloadID] = [:]
     var limiters: [DownloadID: RateLimiter] = [:]
     var running: [DownloadID: Run] = [:]
@@ -186,17 +188,18 @@ public actor DownloadManager {
                 held.append(DownloadRow(info: info, place: row.place))
             }
             if info.state == .running { info.state = .waiting }
+            var d = DownloadDetails(info)
             if !info.state.isFinal || info.state == .failed {
-                let held = Downloader.partialProgress(of: Self.request(for: info, root: configuration.root))
-                info.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0,
-                                                 totalBytes: held?.totalBytes ?? info.progress.totalBytes, bytesPerSecond: 0)
+                let held = Downloader.partialProgress(of: Self.request(for: d, root: configuration.root))
+                d.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0,
+                                              totalBytes: held?.totalBytes ?? d.progress.totalBytes, bytesPerSecond: 0)
             }
-            infos[info.id] = info
-            keys[Key(info.url, info.destination)] = info.id
-            limiters[info.id] = RateLimiter(bytesPerSecond: info.speedLimit)
-            queue.add(info.id, state: info.state, priority: info.priority, place: row.place)
+            details[d.id] = d
+            keys[Key(d.url, d.destination)] = d.id
+            limiters[d.id] = RateLimiter(bytesPerSecond: d.speedLimit)
+            queue.add(d.id, state: info.state, priority: info.priority, place: row.place)
         }
-        sortedIDs = infos.keys.sorted()
+        sortedIDs = details.keys.sorted()
         if !held.isEmpty { store.update(held) }
         if configuration.autoStart {
             Task { await self.schedule() }
@@ -305,16 +308,17 @@ public actor DownloadManager {
                 throw .fileSystem("\(configuration.stateDirectory.appending("manager.sqlite")): \(error)", .ioError)
             }
             for ((index, _), row) in zip(fresh, rows) {
-                var info = row.info
-                let held = Downloader.partialProgress(of: Self.request(for: info, root: configuration.root))
-                info.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes, bytesPerSecond: 0)
-                infos[info.id] = info
-                insertSorted(info.id)
-                keys[Key(info.url, info.destination)] = info.id
-                limiters[info.id] = RateLimiter(bytesPerSecond: info.speedLimit)
-                queue.add(info.id, state: info.state, priority: info.priority, place: row.place)
-                ids[index] = info.id
-                emit(.added(info))
+                let info = row.info
+                var d = DownloadDetails(info)
+                let held = Downloader.partialProgress(of: Self.request(for: d, root: configuration.root))
+                d.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes, bytesPerSecond: 0)
+                details[d.id] = d
+                insertSorted(d.id)
+                keys[Key(d.url, d.destination)] = d.id
+                limiters[d.id] = RateLimiter(bytesPerSecond: d.speedLimit)
+                queue.add(d.id, state: info.state, priority: info.priority, place: row.place)
+                ids[index] = d.id
+                if let added = self.info(d.id) { emit(.added(added)) }
             }
             setChanged(newWork: true)
         }
@@ -324,9 +328,9 @@ public actor DownloadManager {
 
     /// A failed download, or a completed one whose file is gone, goes back to the queue.
     private func requeueIfStale(_ id: DownloadID) {
-        guard let info = infos[id] else { return }
-        let gone = info.state == .completed && !Self.fileIsThere(info, root: configuration.root)
-        guard info.state == .failed || gone else { return }
+        guard let d = details[id], let state = state(of: id) else { return }
+        let gone = state == .completed && !Self.fileIsThere(d, root: configuration.root)
+        guard state == .failed || gone else { return }
         if gone { update(id) { $0.path = nil; $0.progress = DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0) } }
         moveTo(id, .waiting)
         setChanged(newWork: true)
@@ -338,7 +342,7 @@ public actor DownloadManager {
     /// It stays paused across restarts until ``resume(_:)``.
     public func pause(_ id: DownloadID) throws(PickupError) {
         try checkKnown(id)
-        guard let state = infos[id]?.state, state == .waiting || state == .running else { return }
+        guard let state = state(of: id), state == .waiting || state == .running else { return }
         if state == .running { stop(id, .pause) }
         moveTo(id, .paused)
         schedule()
@@ -347,22 +351,22 @@ public actor DownloadManager {
     /// Queues a paused or failed download again.
     public func resume(_ id: DownloadID) throws(PickupError) {
         try checkKnown(id)
-        guard let state = infos[id]?.state, state == .paused || state == .failed else { return }
+        guard let state = state(of: id), state == .paused || state == .failed else { return }
         moveTo(id, .waiting)
         schedule()
     }
 
     /// Pauses every waiting and running download.
     public func pauseAll() {
-        for (id, info) in infos where info.state == .waiting || info.state == .running {
-            if info.state == .running { stop(id, .pause) }
+        for (id, e) in queue.entries where e.state == .waiting || e.state == .running {
+            if e.state == .running { stop(id, .pause) }
             moveTo(id, .paused)
         }
     }
 
     /// Queues every paused download again.
     public func resumeAll() {
-        for (id, info) in infos.sorted(by: { $0.key < $1.key }) where info.state == .paused { moveTo(id, .waiting) }
+        for (id, e) in queue.entries.sorted(by: { $0.key < $1.key }) where e.state == .paused { moveTo(id, .waiting) }
         schedule()
     }
 
@@ -391,7 +395,7 @@ public actor DownloadManager {
     /// Deletes the files of every completed download and forgets those downloads; returns how many.
     @discardableResult
     public func deleteFinishedFiles() async throws(PickupError) -> Int {
-        let done = infos.values.filter { $0.state == .completed }.map(\.id)
+        let done = queue.entries.filter { $0.value.state == .completed }.map(\.key)
         var deletions = Deletions()
         for id in done {
             let more = try forget(id, deletePartial: false, deleteFile: true)
@@ -433,7 +437,7 @@ public actor DownloadManager {
     /// not running; a running one's partial file is deleted, when asked, once its transfer ends).
     private func forget(_ id: DownloadID, deletePartial: Bool, deleteFile: Bool) throws(PickupError) -> Deletions {
         try checkOpen()
-        guard let info = infos[id] else { return Deletions() }
+        guard let d = details[id], let state = state(of: id) else { return Deletions() }
         do {
             try store.delete([id])
         } catch {
@@ -443,17 +447,17 @@ public actor DownloadManager {
         let root = configuration.root
         if running[id] != nil {
             stop(id, .cancel(deletePartial: deletePartial))
-        } else if deletePartial, !info.state.isFinal || info.state == .failed {
-            let request = Self.request(for: info, root: root)
+        } else if deletePartial, !state.isFinal || state == .failed {
+            let request = Self.request(for: d, root: root)
             deletions.work.append { Downloader.discardPartial(of: request) }
-            deletions.partials.append(Key(info.url, info.destination))
-            deleting[Key(info.url, info.destination), default: 0] += 1
+            deletions.partials.append(Key(d.url, d.destination))
+            deleting[Key(d.url, d.destination), default: 0] += 1
         }
-        if deleteFile, info.state == .completed { deletions.work.append { Self.deleteFile(of: info, root: root) } }
-        infos[id] = nil
+        if deleteFile, state == .completed { deletions.work.append { Self.deleteFile(of: d, root: root) } }
+        details[id] = nil
         let i = sortedIndex(of: id, after: false)
         if i < sortedIDs.count, sortedIDs[i] == id { sortedIDs.remove(at: i) }
-        keys[Key(info.url, info.destination)] = nil
+        keys[Key(d.url, d.destination)] = nil
         limiters[id] = nil
         queue.remove(id)
         emit(.removed(id))
@@ -467,7 +471,6 @@ public actor DownloadManager {
     public func setPriority(_ id: DownloadID, _ priority: Int) throws(PickupError) {
         try checkKnown(id)
         queue.setPriority(id, priority)
-        update(id) { $0.priority = priority }
         persist(id)
         emitChanged(id)
     }
@@ -475,8 +478,7 @@ public actor DownloadManager {
     /// Makes a waiting (or paused) download the next to start.
     public func moveToFront(_ id: DownloadID) throws(PickupError) {
         try checkKnown(id)
-        guard let (priority, _) = queue.moveToFront(id) else { return }
-        update(id) { $0.priority = priority }
+        guard queue.moveToFront(id) != nil else { return }
         persist(id)
         emitChanged(id)
         schedule()
@@ -581,11 +583,11 @@ public actor DownloadManager {
     }
 
     /// A download by id.
-    public func download(_ id: DownloadID) -> DownloadInfo? { infos[id] }
+    public func download(_ id: DownloadID) -> DownloadInfo? { info(id) }
 
     /// The downloads of a URL (one per destination).
     public func downloads(url: String) -> [DownloadInfo] {
-        infos.values.filter { $0.url == url }.sorted { $0.id < $1.id }
+        details.values.filter { $0.url == url }.map(\.id).sorted().compactMap { info($0) }
     }
 
     /// Every download, or those in one state; waiting ones in the order they will start, others by
@@ -593,14 +595,14 @@ public actor DownloadManager {
     public func downloads(in state: DownloadState? = nil, offset: Int = 0, limit: Int? = nil) -> [DownloadInfo] {
         let ids: [DownloadID] =
             if state == .waiting { queue.waiting }
-            else if let state { infos.compactMap { $0.value.state == state ? $0.key : nil }.sorted() }
-            else { infos.keys.sorted() }
-        return ids.dropFirst(max(0, offset)).prefix(max(0, limit ?? Int.max)).compactMap { infos[$0] }
+            else if let state { queue.entries.compactMap { $0.value.state == state ? $0.key : nil }.sorted() }
+            else { sortedIDs }
+        return ids.dropFirst(max(0, offset)).prefix(max(0, limit ?? Int.max)).compactMap { info($0) }
     }
 
     /// Whether a download of this URL has completed and its file is still there, whole.
     public func isDownloaded(_ url: String) -> Bool {
-        infos.values.contains { $0.url == url && $0.state == .completed && Self.fileIsThere($0, root: configuration.root) }
+        details.values.contains { $0.url == url && state(of: $0.id) == .completed && Self.fileIsThere($0, root: configuration.root) }
     }
 
     /// Sums over all downloads.
@@ -652,7 +654,7 @@ public actor DownloadManager {
         let start = id.map { sortedIndex(of: $0, after: true) } ?? 0
         let ids = sortedIDs[start..<min(sortedIDs.count, start + max(1, limit))]
         let isLast = start + ids.count >= sortedIDs.count
-        return SnapshotPage(downloads: ids.compactMap { infos[$0] }, isLast: isLast, seq: eventSeq,
+        return SnapshotPage(downloads: ids.compactMap { info($0) }, isLast: isLast, seq: eventSeq,
                             totals: isLast ? computeTotals() : nil)
     }
 
@@ -708,11 +710,11 @@ public actor DownloadManager {
     }
 
     private func launch(_ id: DownloadID) {
-        guard let info = infos[id] else { return }
+        guard let d = details[id] else { return }
         // Not saved: "waiting" and "running" rows both mean "should run", and restore the same way.
-        update(id) { $0.state = .running; $0.failure = nil; $0.finishedAt = nil }
+        update(id) { $0.failure = nil; $0.finishedAt = nil }
         emitChanged(id)
-        var request = Self.request(for: info, root: configuration.root)
+        var request = Self.request(for: d, root: configuration.root)
         request.limiters = [globalLimiter] + (limiters[id].map { [$0] } ?? [])
         let box = NIOLockedValueBox(Reported())
         let secrets = ([request.url] + request.mirrors).contains { request.options.carriesSecrets(url: $0) }
@@ -753,7 +755,7 @@ public actor DownloadManager {
         // Said once its end is recorded: a death while recording it still counts against it.
         defer { crashGuard?.ended(id.rawValue) }
         drain(id, run?.box)
-        guard let info = infos[id] else {
+        guard let d = details[id] else {
             // Cancelled or removed while running: now that nothing writes them, drop the bytes.
             if case .cancel(deletePartial: true)? = intent, case .failure = result, let run {
                 let request = run.request
@@ -774,9 +776,8 @@ public actor DownloadManager {
             }
             // Even when it finished just as it was being paused or sent back: the file is done.
             queue.force(id, to: .completed)
-            update(id) { $0.state = .completed }
         case .failure(let error):
-            let held = Downloader.partialProgress(of: Self.request(for: info, root: configuration.root))
+            let held = Downloader.partialProgress(of: Self.request(for: d, root: configuration.root))
             update(id) {
                 $0.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes ?? $0.progress.totalBytes,
                                                bytesPerSecond: 0)
@@ -785,10 +786,9 @@ public actor DownloadManager {
                 if case .interrupted = error {
                     // Stopped from outside the manager: as good as a pause.
                     queue.force(id, to: .paused)
-                    update(id) { $0.state = .paused }
                 } else {
                     queue.force(id, to: .failed)
-                    update(id) { $0.state = .failed; $0.failure = DownloadFailure(error); $0.finishedAt = Date() }
+                    update(id) { $0.failure = DownloadFailure(error); $0.finishedAt = Date() }
                 }
             }
         }

@@ -7,7 +7,7 @@ import NIOPosix
 /// Sixteen threads, so that the fsyncs of files that finish close together are in flight at once
 /// and the file system's journal commits them together, instead of one after another behind two
 /// cooperative threads.
-enum BlockingIO {
+package enum BlockingIO {
     static let threads = 16
 
     static let pool: NIOThreadPool = {
@@ -19,7 +19,7 @@ enum BlockingIO {
     /// Runs `body` on the pool and returns its result (or its error) to the awaiting task. Not
     /// cancelled with the task (NIO's `runIfActive` is): the last checkpoint of a cancelled
     /// download runs here, and a started rename or fsync is never abandoned halfway.
-    static func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    package static func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, Error>) in
             pool.submit { state in
                 guard state == .active else { return continuation.resume(throwing: CancellationError()) }

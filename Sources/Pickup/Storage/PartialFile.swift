@@ -125,10 +125,10 @@ public final class PartialFile: Sendable {
 }
 
 /// Small file-system helpers with the same error type as the rest of the engine.
-enum FS {
+package enum FS {
 
     /// fsync, or on Apple platforms F_FULLFSYNC, which also flushes the drive's cache.
-    static func fsync(_ fd: FileDescriptor) throws(Errno) {
+    package static func fsync(_ fd: FileDescriptor) throws(Errno) {
         #if canImport(Darwin)
         if fcntl(fd.rawValue, F_FULLFSYNC) == 0 { return }
         if Darwin.fsync(fd.rawValue) != 0 { throw Errno(rawValue: errno) }
