@@ -325,7 +325,7 @@ extension FileDownload {
                                          totalLength: offset > 0 || several ? total : nil,
                                          finished: conditional.flatMap { c in c.1.validators.map { ($0, c.1.length) } })
             let headers = Self.requestHeaders(offset: offset, end: requestEnd(offset: offset, end: end, url: url, cursor: cursor,
-                                                                      combinable: several || validators?.ifRange != nil),
+                                                                      combinable: !several && validators?.ifRange != nil),
                                               validators: validators,
                                               conditional: conditional?.1.validators) + userFields(for: url, source: source)
             let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url, connection: id,
@@ -528,9 +528,10 @@ extension FileDownload {
     /// 2% of its transfer, and at least ``minRequest``: a split then lands between two responses
     /// (``SegmentScheduler/Segment/requested``) instead of cutting one short, which costs its
     /// connection. Only when responses may be combined (`combinable`: a strong validator for
-    /// If-Range, or several sources, each response checked against the file's length; RFC 9110
-    /// §15.3.7.3), so a first request, which learns that, asks for everything. One connection
-    /// alone, and FTP (a data connection per request), ask for all of it.
+    /// If-Range; RFC 9110 §15.3.7.3), so a first request, which learns that, asks for everything.
+    /// One connection alone, FTP (a data connection per request) and several sources (mirrors
+    /// that cap connections count a request between two pieces as a free slot another connection
+    /// takes: 503s) ask for all of it.
     func requestEnd(offset: Int64, end: Int64, url: String, cursor: SegmentCursor, combinable: Bool) -> Int64 {
         guard combinable, options.connections > 1, !url.lowercased().hasPrefix("ftp") else { return end }
         let latency = lock.withLock { state.quickestAnswer } ?? 0

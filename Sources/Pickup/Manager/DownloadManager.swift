@@ -144,7 +144,10 @@ public actor DownloadManager {
         let dir = configuration.stateDirectory
         try StateDirectory.prepare(dir)
         let lock = try PartialFile(path: dir.appending("manager.lock"))
-        guard lock.lock() else {
+        // Asked again for up to a second: a lock released a moment ago can still be held by a
+        // child that another thread of this process is spawning (its copy of the descriptor lives
+        // until it execs, and flock locks belong to the open file).
+        guard lock.lock(within: 1) else {
             lock.close()
             throw .stateInUse(dir.string)
         }

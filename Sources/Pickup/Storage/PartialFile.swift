@@ -117,6 +117,16 @@ public final class PartialFile: Sendable {
         flock(fd.rawValue, LOCK_EX | LOCK_NB) == 0
     }
 
+    /// ``lock()``, asked again every 10 ms for up to `seconds` (a blocking wait, only while another
+    /// holds the lock).
+    public func lock(within seconds: Double) -> Bool {
+        for _ in 0..<max(1, Int(min(seconds, 60) * 100)) {
+            if lock() { return true }
+            usleep(10_000)
+        }
+        return lock()
+    }
+
     /// Closes the descriptor (once, however often it is called: a second close could close a
     /// descriptor number the process has reused); the file stays.
     public func close() {
