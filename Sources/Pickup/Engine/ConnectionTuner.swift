@@ -73,6 +73,8 @@ struct ConnectionTuner: Sendable, Equatable {
     private var busyInARow = 0
     /// The connections that ran when it shed (nil: it has not).
     private(set) var shedFrom: Int?
+    /// The sample at which it shed.
+    private var shedAt: Sample?
 
     init(threads: Int) {
         self.threads = max(1, threads)
@@ -106,15 +108,16 @@ struct ConnectionTuner: Sendable, Equatable {
             let from = watchStart ?? previous
             phase = .shed(rate: Double(s.bytes - from.bytes) / (s.time - from.time), since: nil)
             shedFrom = s.connections
+            shedAt = s
             return .shed
         case .shed(let before, nil):
-            // The window that decides starts once the others have finished their responses; until
-            // then the speed before is the best seen with several connections.
-            guard s.connections <= 1 else {
-                phase = .shed(rate: max(before, rate), since: nil)
-                return nil
-            }
-            phase = .shed(rate: before, since: s)
+            // The window that decides starts once the others have finished their responses. The
+            // speed before is the better of the watched windows' and the one while they finished
+            // (several connections still ran: a shed right after the start watched little).
+            guard s.connections <= 1 else { return nil }
+            var rate = before
+            if let at = shedAt, s.time - at.time >= minWindow { rate = max(rate, Double(s.bytes - at.bytes) / (s.time - at.time)) }
+            phase = .shed(rate: rate, since: s)
             return nil
         case .shed(let before, let since?):
             guard s.time - since.time >= verifyWindow else { return nil }
