@@ -263,6 +263,19 @@ public final class Daemon: Sendable {
     public static func isLoopback(_ host: String) -> Bool {
         host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")
     }
+
+    /// Why ``run(handlesSignals:onListening:)`` failed, in words, for a daemon to listen on
+    /// `address`: a port in use, a privileged port, an address not this machine's.
+    public static func failure(_ error: any Error, listening address: String) -> String {
+        guard let code = (error as? IOError)?.errnoCode else { return "cannot serve on \(address): \(error)" }
+        let why = switch code {
+        case EADDRINUSE: "the address is already in use (another pickup serve?)"
+        case EACCES: "permission denied (a port below 1024 needs privileges)"
+        case EADDRNOTAVAIL: "the address is not one of this machine's"
+        default: String(cString: strerror(code))
+        }
+        return "cannot listen on \(address): \(why)"
+    }
 }
 
 /// Shuts the manager down first when the process is asked to stop (services stop in reverse

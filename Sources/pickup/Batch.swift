@@ -17,6 +17,11 @@ struct Batch {
     var document: Metalink? = nil
     /// The signal trap of the single download that turned into this batch.
     var trap: SignalTrap? = nil
+    /// `-Z`: these URLs, each a file of its own, one after another (instead of a list file).
+    var urls: [String]? = nil
+
+    /// `-i -` reads the list from standard input.
+    var fromStandardInput: Bool { inputFile == "-" && document == nil && !metalink }
 
     /// A Metalink document's files as list entries: named as it names them (sanitized), from
     /// all their URLs (the first by priority is the primary), verified piece by piece and with
@@ -29,6 +34,9 @@ struct Batch {
         })
     }
 
+    /// The list's name in messages.
+    var listName: String { fromStandardInput ? "standard input" : inputFile }
+
     func run() async throws {
         let display = BatchDisplay(quiet: get.quiet)
         func fail(_ message: String, _ code: Int32) -> ExitCode {
@@ -37,7 +45,10 @@ struct Batch {
         }
         var list: InputList
         var parsed = document
-        if let document {
+        if let urls {
+            var seen = Set<String>()
+            list = InputList(entries: urls.filter { seen.insert($0).inserted }.enumerated().map { InputList.Entry(url: $1, line: $0 + 1) })
+        } else if let document {
             list = Self.entries(document)
         } else if metalink {
             // Read with a bound: a Metalink file over its limit is refused, not read whole.
@@ -59,16 +70,16 @@ struct Batch {
                 throw fail("\(inputFile): \(error)", Exit.usage)
             }
         } else {
-            guard let text = try? String(contentsOfFile: inputFile, encoding: .utf8) else {
-                throw fail("cannot read the input file \(inputFile)", Exit.usage)
-            }
+            let text = fromStandardInput ? String(data: FileHandle.standardInput.readDataToEndOfFile(), encoding: .utf8)
+                : try? String(contentsOfFile: inputFile, encoding: .utf8)
+            guard let text else { throw fail("cannot read " + (fromStandardInput ? "standard input" : "the input file \(inputFile)"), Exit.usage) }
             do {
                 list = try InputList(parsing: text)
             } catch {
-                throw fail("\(inputFile): \(error)", Exit.usage)
+                throw fail("\(listName): \(error)", Exit.usage)
             }
         }
-        if list.entries.isEmpty { throw fail("\(inputFile) lists no URL", Exit.usage) }
+        if list.entries.isEmpty { throw fail("\(listName) lists no URL", Exit.usage) }
         // A document's hashes are never dropped in silence: a file whose hashes cannot be checked
         // is not downloaded as if it had none.
         if let f = parsed?.files.first(where: { $0.uncheckable != nil }), let why = f.uncheckable {
@@ -97,14 +108,15 @@ struct Batch {
                 display.line("pickup: \(ignored.joined(separator: ", ")) do not apply to the document's files (each has its own hash and URLs)")
             }
         }
-        // A list is named by its path, a URL's document by the URL.
-        let listKey = document != nil ? inputFile : cwd.pushing(FilePath(inputFile)).lexicallyNormalized().string
+        // A list is named by its path (standard input by "-"), a URL's document by the URL, -Z by its URLs.
+        let listKey = urls.map { "-Z\n" + $0.joined(separator: "\n") }
+            ?? (document != nil || fromStandardInput ? inputFile : cwd.pushing(FilePath(inputFile)).lexicallyNormalized().string)
         var config = DownloadManager.Configuration(
             stateDirectory: StateDirectory.default.appending("batches").appending(Self.key(listKey + "\n" + outDir.string)))
         (config.engine, config.transport) = get.engine.settings()
         config.engine.stateDirectory = StateDirectory.default  // completion records shared with single downloads
         config.engine.multiplex = true  // many files to a host: HTTP/2 streams of one connection where offered
-        config.maxConcurrentDownloads = get.jobs
+        config.maxConcurrentDownloads = urls == nil ? get.jobs : 1
         config.speedLimit = get.limitRate.flatMap(Get.rate)
         config.autoStart = false
         let manager: DownloadManager

@@ -18,7 +18,8 @@ struct Get: AsyncParsableCommand {
 
     @Argument(help: ArgumentHelp(
         "The http, https or ftp URL to download (or use -i). More URLs are mirrors of the same file: "
-            + "its connections spread over them by speed, each mirror with its own validators (all must agree on the length).",
+            + "its connections spread over them by speed, each mirror with its own validators (all must agree on the length); "
+            + "with -Z each is a file of its own.",
         valueName: "url"))
     var urls: [String] = []
 
@@ -26,7 +27,7 @@ struct Get: AsyncParsableCommand {
     var url: String? { urls.first }
 
     @Option(name: [.short, .customLong("input-file")], help: ArgumentHelp(
-        "Download every URL listed in this file: one a line, # comments, an optional out=NAME after a URL. "
+        "Download every URL listed in this file (- reads standard input): one a line, # comments, an optional out=NAME after a URL. "
             + "Run the same command again to resume the batch; finished files are not fetched again.",
         valueName: "file"))
     var inputFile: String?
@@ -42,7 +43,8 @@ struct Get: AsyncParsableCommand {
 
     @Option(name: [.short, .customLong("output")], help: ArgumentHelp(
         "Write exactly to this path. A file already there that pickup did not download from this URL is left alone and "
-            + "the download stops (exit 6) before fetching, unless --overwrite.",
+            + "the download stops (exit 6) before fetching, unless --overwrite. - writes the file to standard output "
+            + "(one connection, nothing kept on disk, so nothing to resume in a later run).",
         valueName: "path"))
     var output: String?
 
@@ -67,6 +69,15 @@ struct Get: AsyncParsableCommand {
     @Flag(help: "Discard any partial download and start from zero.")
     var restart = false
 
+    @Flag(name: [.customShort("c"), .customLong("continue")], help: ArgumentHelp(
+        "Does nothing: resuming is what pickup always does (accepted for wget's and aria2c's habit)."))
+    var `continue` = false
+
+    @Flag(name: [.customShort("Z"), .customLong("force-sequential")], help: ArgumentHelp(
+        "Download each URL as a file of its own, one after another (a batch with -j 1; run it again to resume), "
+            + "instead of as mirrors of one file."))
+    var forceSequential = false
+
     @Flag(help: "Replace an existing file at the target: at -o PATH instead of stopping, with -d instead of choosing a free name.")
     var overwrite = false
 
@@ -83,11 +94,30 @@ struct Get: AsyncParsableCommand {
     @OptionGroup(title: "Headers, credentials and cookies") var http: RequestFlags
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         if output != nil && dir != nil { throw ValidationError("use either -o or -d, not both") }
         if dir == "" { throw ValidationError("-d needs a directory (\"\" names none; use . for the current one)") }
         if output == "" { throw ValidationError("-o needs a file name") }
         if [url != nil, inputFile != nil, metalink != nil].filter({ $0 }).count != 1 {
+            // `get -o https://…`: the URL was taken for the option's value.
+            if url == nil, let (name, value) = [("-o", output), ("-d", dir)].first(where: { $0.1?.contains("://") == true }) {
+                throw ValidationError("\(name) took the URL \(DownloadURL.redacted(value ?? "")) for its value, and no URL is left "
+                    + "to download (pickup get URL \(name) \(name == "-o" ? "PATH" : "DIR"))")
+            }
             throw ValidationError("give a URL, -i FILE or --metalink FILE (one of them)")
+        }
+        if `continue`, restart { throw ValidationError("-c (continue) and --restart contradict each other") }
+        if output == "-" {
+            if urls.count > 1 { throw ValidationError("-o - streams one URL; mirrors and -Z need a file (use -o PATH or -d DIR)") }
+            if json { throw ValidationError("--json prints on standard output, where -o - writes the file") }
+            if hookFlags.onComplete != nil || hookFlags.onError != nil {
+                throw ValidationError("--on-complete and --on-error are given the file's path; -o - has none")
+            }
+        }
+        if forceSequential, urls.count > 1 {
+            if output != nil { throw ValidationError("-o names one file; with -Z use -d") }
+            if checksum != nil { throw ValidationError("--checksum is for one file, not for -Z") }
+            if restart { throw ValidationError("--restart is for one file, not for -Z") }
         }
         if !(1...64).contains(jobs) { throw ValidationError("--jobs must be between 1 and 64") }
         if let list = inputFile != nil ? "-i" : metalink != nil ? "--metalink" : nil {
@@ -112,6 +142,8 @@ struct Get: AsyncParsableCommand {
     func run() async throws {
         if let metalink { return try await Batch(get: self, inputFile: metalink, metalink: true).run() }
         guard let url else { return try await Batch(get: self, inputFile: inputFile ?? "").run() }
+        if forceSequential, urls.count > 1 { return try await Batch(get: self, inputFile: "", urls: urls).run() }
+        if output == "-" { return try await stream(url) }
         let destination: Destination =
             output.map { .file(FilePath($0)) } ?? .directory(FilePath(dir ?? "."))
         var request = DownloadRequest(
@@ -244,6 +276,7 @@ struct EngineFlags: ParsableArguments {
     var maxSize: String?
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         if !Seconds.isValid(stallTimeout) { throw ValidationError("--stall-timeout must be a number of seconds above 0, at most 86400") }
         if !(1...32).contains(connections) { throw ValidationError("--connections must be between 1 and 32") }
         if !(0...1000).contains(retries) { throw ValidationError("--retries must be 0 to 1000") }

@@ -24,6 +24,28 @@ struct PickupCommand: AsyncParsableCommand {
         subcommands: [Get.self, Serve.self, Add.self, List.self, SetCommand.self, Pause.self, Resume.self, Remove.self, Watch.self])
 }
 
+/// ArgumentParser validates a command before it looks for unknown options: `--tries 3 URL` took
+/// `3` for a URL and blamed it. Behind a validation error, the arguments are parsed again with the
+/// validations passing, so that an unknown option (or another parse error) is what is said.
+enum Validation {
+    /// While true, every `validate()` of the CLI passes (set only by `parseError(behind:)`, on the
+    /// main thread, before anything else runs).
+    nonisolated(unsafe) static var skipped = false
+
+    /// The error to report for a failed parse: ArgumentParser's own when the arguments parse
+    /// without the validations (an unknown option, a missing value), else `original`.
+    static func parseError(behind original: any Error) -> any Error {
+        skipped = true
+        defer { skipped = false }
+        do {
+            _ = try PickupCommand.parseAsRoot()
+            return original
+        } catch {
+            return error
+        }
+    }
+}
+
 @main
 enum Main {
     static func main() async {
@@ -31,6 +53,7 @@ enum Main {
         do {
             command = try PickupCommand.parseAsRoot()
         } catch {
+            let error = Validation.parseError(behind: error)
             let code = PickupCommand.exitCode(for: error)
             if code == .success {
                 print(PickupCommand.fullMessage(for: error))

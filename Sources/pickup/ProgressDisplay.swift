@@ -20,8 +20,13 @@ final class ProgressDisplay: @unchecked Sendable {
         guard !quiet else { return }
         switch event {
         case .notice(let text):
-            line("pickup: \(text)")
+            // Extra URLs are mirrors of one file (aria2c's convention): one that is another file says how to get each.
+            let hint = text.contains(DownloadEvent.notTheSameFile) ? "; use -Z to download each URL as its own file" : ""
+            line("pickup: \(text)\(hint)")
         case .progress(let p):
+            // Nothing has answered yet (connecting, or retrying a refused connection, whose
+            // notices say so): a line of zeros would say nothing.
+            if p.bytesDone == 0, p.totalBytes == nil, p.stallTimeout == nil { return }
             lock.withLock {
                 let now = Date().timeIntervalSince(started)
                 let interval = tty ? 0.1 : 5
@@ -74,10 +79,8 @@ final class ProgressDisplay: @unchecked Sendable {
     func finished(_ r: DownloadResult) {
         guard !quiet else { return }
         switch r.outcome {
-        case .unchanged:
-            line("\(r.path) is already downloaded (\(ByteCount.format(r.size)))")
-        case .metalink:
-            break  // (its files are a batch, which speaks for itself)
+        case .unchanged, .metalink:
+            break  // (the download's notice said it; a Metalink document's files are a batch, which speaks for itself)
         case .downloaded:
             let speed = r.elapsed > 0 ? Double(r.bytesTransferred) / r.elapsed : 0
             var text = "saved \(r.path) (\(ByteCount.format(r.size))) in \(String(format: "%.1f", r.elapsed)) s, \(ByteCount.format(Int64(speed)))/s average"

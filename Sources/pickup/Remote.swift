@@ -81,6 +81,7 @@ struct Add: AsyncParsableCommand {
     @OptionGroup var daemonState: DaemonState
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         if urls.isEmpty { throw ValidationError("give at least one URL") }
         for h in headers {
             do throws(PickupError) { _ = try RequestHeader(line: h) } catch { throw ValidationError(error.description) }
@@ -119,6 +120,7 @@ struct List: AsyncParsableCommand {
     @OptionGroup var daemonState: DaemonState
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         if let only, DownloadState(rawValue: only) == nil {
             throw ValidationError("the state must be one of waiting, running, paused, completed, failed")
         }
@@ -144,6 +146,7 @@ struct IDOrAll: ParsableArguments {
     @Flag(help: "Every download.") var all = false
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         if (id == nil) == !all { throw ValidationError("give an id or --all") }
     }
 
@@ -195,6 +198,7 @@ struct Remove: AsyncParsableCommand {
     @OptionGroup var daemonState: DaemonState
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         if [id != nil, completed, failed].filter({ $0 }).count != 1 { throw ValidationError("give an id, --completed or --failed") }
     }
 
@@ -221,6 +225,7 @@ struct SetCommand: AsyncParsableCommand {
     @OptionGroup var daemonState: DaemonState
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         if priority == nil, limitRate == nil, !front { throw ValidationError("give --priority, --limit-rate or --front") }
         if let limitRate, limitRate != "none", Get.rate(limitRate) == nil {
             throw ValidationError("--limit-rate must be 'none' or a number of bytes per second of at least 1K (1024), optionally with K, M or G")

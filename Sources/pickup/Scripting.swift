@@ -19,6 +19,7 @@ struct HookFlags: ParsableArguments {
     var hookTimeout: Double = 60
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         guard Seconds.isValid(hookTimeout) else { throw ValidationError("--hook-timeout must be a number of seconds above 0, at most 86400") }
         for program in [onComplete, onError].compactMap({ $0 }) where HookRunner.resolve(program) == nil {
             throw ValidationError("hook program '\(program)' not found")

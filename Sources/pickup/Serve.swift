@@ -53,6 +53,7 @@ struct Serve: AsyncParsableCommand {
     var hookFlags: HookFlags
 
     func validate() throws {
+        guard !Validation.skipped else { return }
         guard Self.address(listen) != nil else { throw ValidationError("--listen must be HOST:PORT, e.g. 127.0.0.1:\(Daemon.defaultPort)") }
         if let jobs, !(1...64).contains(jobs) { throw ValidationError("--jobs must be between 1 and 64") }
         if let limitRate, Get.rate(limitRate) == nil {
@@ -101,7 +102,7 @@ struct Serve: AsyncParsableCommand {
                 Remote.say("pickup: serving \(daemon.root) at \(url)/ (state in \(daemonState.path))")
             }
         } catch {
-            FileHandle.standardError.write(Data("pickup: cannot serve on \(listen): \(error)\n".utf8))
+            FileHandle.standardError.write(Data("pickup: \(Daemon.failure(error, listening: listen))\n".utf8))
             throw ExitCode(Exit.network)
         }
         Remote.say("pickup: stopped; every download is checkpointed")

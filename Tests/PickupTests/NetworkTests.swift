@@ -9,16 +9,7 @@ import TestServer
 
 /// A self-signed certificate for 127.0.0.1 (and its key), made with openssl in `dir`.
 func makeLoopbackCertificate(in dir: TempDir) throws -> (certificate: String, key: String) {
-    let cert = dir.file("cert.pem").string, key = dir.file("key.pem").string
-    let openssl = Process()
-    openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-    openssl.arguments = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "2",
-                         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
-    openssl.standardOutput = FileHandle.nullDevice
-    openssl.standardError = FileHandle.nullDevice
-    try openssl.runWithSignalsUnblocked()
-    openssl.waitUntilExit()
-    return (cert, key)
+    try makeCertificate(in: dir, for: "127.0.0.1")
 }
 
 /// nginx over TLS serving files from a temporary directory, with a certificate for 127.0.0.1 made

@@ -9,6 +9,15 @@ import TestServer
 extension CLI {
     /// Runs `pickup` with its state in `state`; returns the exit status, standard output and error.
     static func capture(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> (status: Int32, out: String, err: String) {
+        let r = try captureBytes(args, state: state, environment: environment)
+        return (r.status, String(decoding: r.out, as: UTF8.self), r.err)
+    }
+
+    /// As ``capture(_:state:environment:)``, with standard output's bytes as they are and `input`
+    /// on standard input (else none: /dev/null).
+    static func captureBytes(_ args: [String], state: FilePath, environment: [String: String] = [:], input: [UInt8]? = nil)
+        throws -> (status: Int32, out: Data, err: String)
+    {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binary)
         p.currentDirectoryURL = workingDirectory
@@ -18,11 +27,16 @@ extension CLI {
         env.merge(environment) { $1 }
         env["PICKUP_STATE_DIR"] = state.string
         p.environment = env
-        let out = Pipe(), err = Pipe()
+        let out = Pipe(), err = Pipe(), stdin = Pipe()
         p.standardOutput = out
         p.standardError = err
+        p.standardInput = input == nil ? FileHandle.nullDevice : stdin
         try p.runWithSignalsUnblocked()
         bound(p)
+        if let input {
+            stdin.fileHandleForWriting.write(Data(input))
+            try? stdin.fileHandleForWriting.close()
+        }
         // Read both to the end before waiting (a full pipe would block the child).
         let errData = NSLockedData()
         let reader = Thread { errData.set(err.fileHandleForReading.readDataToEndOfFile()) }
@@ -30,7 +44,7 @@ extension CLI {
         let outData = out.fileHandleForReading.readDataToEndOfFile()
         p.waitUntilExit()
         while !errData.done { usleep(1000) }
-        return (p.terminationStatus, String(decoding: outData, as: UTF8.self), String(decoding: errData.data, as: UTF8.self))
+        return (p.terminationStatus, outData, String(decoding: errData.data, as: UTF8.self))
     }
 }
 

@@ -28,6 +28,16 @@ public enum PickupError: Error, Sendable, CustomStringConvertible {
         .fileSystem(path, (error as? Errno) ?? .ioError)
     }
 
+    /// Statuses that say the URL names nothing (404 Not Found, 410 Gone): said as "not found".
+    static let notFound: Set<Int> = [404, 410]
+
+    /// The server refused `url` with `status` (a 4xx, or a status not understood) for `why`:
+    /// "not found: URL (404)" for ``notFound``, else the reason and the URL (credentials redacted).
+    static func refused(_ url: String, status: Int, why: String) -> PickupError {
+        let shown = DownloadURL.redacted(url)
+        return .server(status: status, notFound.contains(status) ? "not found: \(shown) (\(status))" : "\(why) for \(shown)")
+    }
+
     /// Broad kinds of failure, each with its own exit code.
     public enum Category: String, Sendable, Codable {
         case usage, network, server, verification, fileSystem, interrupted
@@ -50,6 +60,7 @@ public enum PickupError: Error, Sendable, CustomStringConvertible {
         switch self {
         case .invalidInput(let m): return m
         case .network(let m): return "network failure: \(m)"
+        case .server(let status?, let m) where Self.notFound.contains(status): return m
         case .server(_, let m): return "server error: \(m)"
         case .verification(let m): return "verification failed: \(m)"
         case .fileSystem(let path, let errno):

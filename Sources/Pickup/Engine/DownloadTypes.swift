@@ -195,4 +195,8 @@ public enum DownloadEvent: Sendable {
     case progress(DownloadProgress)
     /// Something a person should know (resuming, starting over and why, a retry, a new name).
     case notice(String)
+
+    /// What a notice says of a mirror whose answer is another file than the first URL's
+    /// ("B is not the same file as A (why): ignored as a mirror").
+    public static let notTheSameFile = " is not the same file as "
 }

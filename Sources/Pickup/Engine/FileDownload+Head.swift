@@ -85,7 +85,7 @@ extension FileDownload {
             guard let file else { return nil }
             if dropped { throw StopReading() }
             // A mirror that does not take ranges (or whose file changed) leaves; the others go on.
-            if rejectable { throw SourceRejected(reason: "it sent the whole file (200) to a range request") }
+            if rejectable { throw SourceRejected(reason: "it sent the whole file (200) to a range request", otherFile: false) }
             if ranges > 1 || cursor.segment != 0 {
                 // A whole response from offset 0 while other ranges run (their validators did not
                 // match this server's: a load balancer's backends, a changed file): it is the one

@@ -9,6 +9,8 @@ struct RepresentationChanged: SinkError {
 /// One source's answer is not this file's (when others are live): that source goes.
 struct SourceRejected: SinkError {
     let reason: String
+    /// Whether the answer shows another file (another length, other validators), not a server that cannot serve it.
+    var otherFile = true
 }
 
 extension ResponseDecision {
@@ -360,7 +362,7 @@ extension FileDownload {
             } catch let rejected as SourceRejected {
                 // This source's answer is not this file (another length, no ranges, other
                 // validators): retired, and the range goes on from another source.
-                if let notice = lock.withLock({ state.reject(source, why: rejected.reason) }) { onEvent(.notice(notice)) }
+                if let notice = lock.withLock({ state.reject(source, why: rejected.reason, otherFile: rejected.otherFile) }) { onEvent(.notice(notice)) }
                 guard moveOn() else { return .retired }
                 continue
             } catch is StopReading {
@@ -428,7 +430,7 @@ extension FileDownload {
                 return .done
             case .startOver(let why)?:
                 // One mirror's file is not the others' (changed, another length): it goes, not the bytes.
-                if several, let notice = lock.withLock({ state.reject(source, why: why) }) {
+                if several, let notice = lock.withLock({ state.reject(source, why: why, otherFile: true) }) {
                     onEvent(.notice(notice))
                     guard moveOn() else { return .retired }
                     continue
@@ -460,7 +462,7 @@ extension FileDownload {
                     continue
                 }
                 if retire(id, because: why) { return .retired }
-                throw PickupError.server(status: status, "\(why) for \(DownloadURL.redacted(url))")
+                throw PickupError.refused(url, status: status, why: why)
             }
             guard let failure else { continue }
             failuresInRow = progressed ? 1 : failuresInRow + 1

@@ -173,7 +173,7 @@ final class FileDownload: @unchecked Sendable {
             let unchanged = try await transferAll(file: file, conditional: conditional)
             stopMonitoring()
             if let (path, rec) = unchanged {
-                onEvent(.notice("already downloaded and unchanged on the server: \(path)"))
+                onEvent(.notice("already downloaded and unchanged on the server: \(path) (\(ByteCount.format(rec.length)))"))
                 try await endWithNothingWritten(file)
                 return DownloadResult(outcome: .unchanged, path: path, size: rec.length, bytesTransferred: 0,
                                       resumedFrom: rec.length, elapsed: Clock.monotonic() - started)
@@ -242,7 +242,7 @@ final class FileDownload: @unchecked Sendable {
             if try !loadControlFile(file) || lock.withLock({ heldBytes() }) == 0 {
                 if let found = store.lookup(url: request.url, in: dir, name: fixedName, versions: !request.overwrite) {
                     guard let v = found.1.validators, v.canRevalidate else {
-                        onEvent(.notice("already downloaded: \(found.0) (the server gave no validator to check it against)"))
+                        onEvent(.notice("already downloaded: \(found.0) (\(ByteCount.format(found.1.length)); the server gave no validator to check it against)"))
                         discardPartialIfEmpty()
                         return Prepared(file: file, conditional: nil, early: DownloadResult(
                             outcome: .unchanged, path: found.0, size: found.1.length, bytesTransferred: 0,

@@ -134,9 +134,14 @@ struct RunState {
 
     /// Source `i` sent bytes that are not this file's (`why`): retired (and, for a mirror, remembered
     /// in the record) while another is live. Returns the notice, nil when it is the last live one.
-    mutating func reject(_ i: Int, why: String) -> String? {
-        guard sources.canReject(i), let notice = sources.retire(i, why: why) else { return nil }
+    /// A mirror whose answer shows `otherFile` is said to be another file than the URL given first.
+    mutating func reject(_ i: Int, why: String, otherFile: Bool = false) -> String? {
+        guard sources.canReject(i), var notice = sources.retire(i, why: why) else { return nil }
         if i > 0 { checkpoints.update { r in if r.mirrors?.indices.contains(i - 1) == true { r.mirrors![i - 1].rejected = why } } }
+        if otherFile, i > 0 {
+            notice = "\(DownloadURL.redacted(sources.sources[i].url))\(DownloadEvent.notTheSameFile)\(DownloadURL.redacted(sources.sources[0].url)) "
+                + "(\(why)): ignored as a mirror"
+        }
         return notice
     }
 

@@ -284,7 +284,8 @@ public final class HTTPClientTransport: Transport {
             if delegate.headTimedOut.load(ordering: .relaxed) {
                 throw TransportError.protocolViolation("no complete response head within \(headTimeout.nanoseconds / 1_000_000_000) s")
             }
-            throw Self.classify(error, stall: stallTimeout(patience: patience))
+            if let tls = configuration.tlsConfiguration, let explained = await TLSFailure.explain(error, url: request.url, tls: tls, on: task.eventLoop) { throw explained }
+            throw Self.classify(error, stall: stallTimeout(patience: patience), url: request.url)
         }
     }
 
@@ -303,7 +304,8 @@ public final class HTTPClientTransport: Transport {
     }
 
     /// Maps errors of the HTTP stack to transient or fatal; errors the sink threw pass through.
-    static func classify(_ error: any Error, stall: Double? = nil, proxy: ProxyURL? = nil) -> any Error {
+    /// `url`, when known, names the host and port in the message.
+    static func classify(_ error: any Error, stall: Double? = nil, proxy: ProxyURL? = nil, url: String? = nil) -> any Error {
         if error is any SinkError || error is TransportError || error is CancellationError || error is StaleConnection { return error }
         if let e = error as? HTTPClientError {
             if e == .cancelled { return CancellationError() }
@@ -319,10 +321,9 @@ public final class HTTPClientTransport: Transport {
             if e.connectionErrors.isEmpty, e.dnsAError != nil || e.dnsAAAAError != nil {
                 return TransportError.unresolved(host: e.host)
             }
-            let what = proxy == nil ? "" : "the proxy "
-            let first = e.connectionErrors.first.map { classify($0.error) }
-            if case .transient(let m)? = first as? TransportError { return TransportError.transient("cannot connect to \(what)\(e.host):\(e.port): \(m)") }
-            return TransportError.transient("cannot connect to \(what)\(e.host):\(e.port)")
+            let what = (proxy == nil ? "" : "the proxy ") + Self.address(e.host, e.port)
+            if let io = e.connectionErrors.first?.error as? IOError { return Self.connectionFailure(io.errnoCode, at: what) }
+            return TransportError.transient("cannot connect to \(what)")
         }
         if let e = error as? ChannelError {
             switch e {
@@ -343,14 +344,27 @@ public final class HTTPClientTransport: Transport {
                 return TransportError.protocolViolation("malformed response (\(e))")
             }
         }
+        let origin = url.flatMap(Origin.init)
         if let e = error as? IOError {
-            return TransportError.transient(String(cString: strerror(e.errnoCode)))
+            guard let origin else { return TransportError.transient(String(cString: strerror(e.errnoCode))) }
+            return Self.connectionFailure(e.errnoCode, at: Self.address(origin.host, origin.port))
         }
-        let name = String(reflecting: type(of: error))
-        if name.contains("SSL") || name.contains("TLS") || name.contains("Certificate") {
-            return TransportError.fatal("TLS failure: \(error) (use --insecure only if you trust this network)")
-        }
+        if let tls = TLSFailure(error) { return TransportError.fatal(tls.sentence(host: origin?.host, port: origin?.port)) }
         return TransportError.transient("\(error)")
+    }
+
+    /// `host:port`, an IPv6 address in brackets.
+    static func address(_ host: String, _ port: Int) -> String {
+        host.contains(":") && !host.hasPrefix("[") ? "[\(host)]:\(port)" : "\(host):\(port)"
+    }
+
+    /// A connection to `address` that failed with `errno`, in words that name it.
+    static func connectionFailure(_ errno: Int32, at address: String) -> TransportError {
+        switch errno {
+        case ECONNREFUSED: .transient("connection refused by \(address)")
+        case ECONNRESET: .transient("connection reset by \(address)")
+        default: .transient("\(String(cString: strerror(errno))) (\(address))")
+        }
     }
 }
 
