@@ -236,6 +236,8 @@ func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) t
         let said = "\(server.url("/b.bin")) is not the same file as \(server.url("/a.bin")) ("
         #expect(lines(r.err, containing: said) == 1, "\(r.err)")
         #expect(r.err.contains("): ignored as a mirror; use -Z to download each URL as its own file"), "\(r.err)")
+        // Two connections that got the same answer from it retire it once; the held bytes stay.
+        #expect(!r.err.contains("starting over"), "\(r.err)")
         let apart = TempDir()
         let each = try await pickup(["get", "-Z", server.url("/a.bin"), server.url("/b.bin"), "-d", apart.path.string], state: state)
         #expect(each.status == 0 && apart.read("a.bin") == a && apart.read("b.bin") == b, "\(each.err)")

@@ -435,6 +435,12 @@ extension FileDownload {
                     guard moveOn() else { return .retired }
                     continue
                 }
+                // Another connection retired that source for the same answer a moment ago: this one
+                // moves on too, and the held bytes stay.
+                if several, lock.withLock({ state.sources.isRetired(source) }) {
+                    guard moveOn() else { return .retired }
+                    continue
+                }
                 throw RepresentationChanged(reason: why)
             case .redirect(let location)?:
                 redirects += 1
