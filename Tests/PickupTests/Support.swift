@@ -56,6 +56,9 @@ func testOptions(state: FilePath, retries: Int = 6, connections: Int = 1, backof
     // Tests run in parallel in one process (servers included), so its CPU time says nothing of
     // one download; the tuner's own tests stand in a clock.
     options.adaptiveConnections = false
+    // Ranges in pieces over the test server's plain HTTP too (by default over https only), so the
+    // engine's tests exercise them.
+    options.piecewise = true
     return options
 }
 

@@ -103,6 +103,11 @@ public struct DownloadOptions: Sendable {
     var transportThreads = System.coreCount
     /// Process CPU seconds (tests stand in a busy or idle process).
     var cpuClock: @Sendable () -> Double = ProcessCPU.seconds
+    /// Ranges asked for in pieces, split between responses, and no new connection for a connection
+    /// whose response was cut: a split costs no TLS handshake (nil: over https only, where a
+    /// connection costs one; over plain HTTP the pieces' requests cost more CPU than new TCP
+    /// connections).
+    public var piecewise: Bool? = nil
     /// Told each decision of the connection tuner as it is carried out (tests).
     var onTune: (@Sendable (ConnectionTuner.Action) -> Void)? = nil
     /// A download's first request may go as a stream of an HTTP/2 connection shared with other
