@@ -174,7 +174,7 @@ final class FileDownload: @unchecked Sendable {
             stopMonitoring()
             if let (path, rec) = unchanged {
                 onEvent(.notice("already downloaded and unchanged on the server: \(path) (\(ByteCount.format(rec.length)))"))
-                try await endWithNothingWritten(file)
+                try await endWithNothingWritten(file, unchanged: true)
                 return DownloadResult(outcome: .unchanged, path: path, size: rec.length, bytesTransferred: 0,
                                       resumedFrom: rec.length, elapsed: Clock.monotonic() - started)
             }
@@ -207,9 +207,12 @@ final class FileDownload: @unchecked Sendable {
 
     /// The end of a run that wrote nothing at the path (an unchanged file, a Metalink answer):
     /// the empty partial file and its helpers go, on the blocking-I/O pool.
-    private func endWithNothingWritten(_ file: PartialFile) async throws {
+    /// `unchanged`: a finished file's check said it is unchanged; the bytes other connections
+    /// (mirrors) fetched meanwhile are of that file, fetched in this run (a check starts only when
+    /// nothing is held): they go with the helper files.
+    private func endWithNothingWritten(_ file: PartialFile, unchanged: Bool = false) async throws {
         try await BlockingIO.run {
-            self.discardPartialIfEmpty()
+            self.discardPartialIfEmpty(evenIfHeld: unchanged)
             self.end(file)
         }
     }
@@ -384,10 +387,10 @@ final class FileDownload: @unchecked Sendable {
     }
 
     /// Removes the partial file and its helpers when they hold nothing. On the blocking-I/O pool.
-    func discardPartialIfEmpty() {
+    func discardPartialIfEmpty(evenIfHeld: Bool = false) {
         ioLock.withLock {
             if lock.withLock({ foreign != nil }) { return }  // (another URL's, not ours to remove)
-            if lock.withLock({ heldBytes() }) == 0 {
+            if evenIfHeld || lock.withLock({ heldBytes() }) == 0 {
                 removeControlFile()
                 dir.remove(partialName)
             }
