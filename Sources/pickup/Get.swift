@@ -306,6 +306,8 @@ struct EngineFlags: ParsableArguments {
         if let seconds = ProcessInfo.processInfo.environment["PICKUP_TEST_CHECKPOINT_INTERVAL"].flatMap(Double.init), seconds > 0 {
             options.checkpointInterval = seconds
         }
+        // A test hook: ranges in pieces over plain HTTP too (the torture test's server speaks it).
+        if ProcessInfo.processInfo.environment["PICKUP_TEST_PIECEWISE"] == "1" { options.piecewise = true }
         var transport = HTTPClientTransport.Options()
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout

@@ -40,10 +40,10 @@ struct ConnectionTuner: Sendable, Equatable {
         case warmup
         /// Several connections run; looking for a CPU-bound window.
         case watching
-        /// Shed: `rate` bytes/s was the speed before. The others finish the responses they are
-        /// reading (their connections stay open for a restore); `since` starts the window that
-        /// decides, once one connection runs.
-        case shed(rate: Double, since: Sample?)
+        /// Shed at sample `at`: `rate` bytes/s was the speed before. The others finish the
+        /// responses they are reading (their connections stay open for a restore); `since` starts
+        /// the window that decides, once one connection runs.
+        case shed(rate: Double, at: Sample, since: Sample?)
         /// Decided for this run.
         case settled
     }
@@ -73,8 +73,6 @@ struct ConnectionTuner: Sendable, Equatable {
     private var busyInARow = 0
     /// The connections that ran when it shed (nil: it has not).
     private(set) var shedFrom: Int?
-    /// The sample at which it shed.
-    private var shedAt: Sample?
 
     init(threads: Int) {
         self.threads = max(1, threads)
@@ -106,20 +104,19 @@ struct ConnectionTuner: Sendable, Equatable {
             busyInARow += 1
             guard busyInARow >= busyWindows else { return nil }
             let from = watchStart ?? previous
-            phase = .shed(rate: Double(s.bytes - from.bytes) / (s.time - from.time), since: nil)
+            phase = .shed(rate: Double(s.bytes - from.bytes) / (s.time - from.time), at: s, since: nil)
             shedFrom = s.connections
-            shedAt = s
             return .shed
-        case .shed(let before, nil):
+        case .shed(let before, let at, nil):
             // The window that decides starts once the others have finished their responses. The
             // speed before is the better of the watched windows' and the one while they finished
             // (several connections still ran: a shed right after the start watched little).
             guard s.connections <= 1 else { return nil }
             var rate = before
-            if let at = shedAt, s.time - at.time >= minWindow { rate = max(rate, Double(s.bytes - at.bytes) / (s.time - at.time)) }
-            phase = .shed(rate: rate, since: s)
+            if s.time - at.time >= minWindow { rate = max(rate, Double(s.bytes - at.bytes) / (s.time - at.time)) }
+            phase = .shed(rate: rate, at: at, since: s)
             return nil
-        case .shed(let before, let since?):
+        case .shed(let before, _, let since?):
             guard s.time - since.time >= verifyWindow else { return nil }
             phase = .settled
             let after = Double(s.bytes - since.bytes) / (s.time - since.time)

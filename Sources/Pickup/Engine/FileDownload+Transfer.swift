@@ -130,10 +130,10 @@ extension FileDownload {
                 case .done:
                     break
                 case .cut:
-                    // Its connection is closed: over TLS a new one is opened only for a range no
-                    // connection has; taking part of another's would cut that one's response in
-                    // turn (a new TCP and TLS handshake each time, for the last few megabytes).
-                    cursor = assign(id, unownedOnly: piecewise(lock.withLock { state.sources.url(0) }))
+                    // Its connection is closed: a new one is opened only for a range no connection
+                    // has; taking part of another's would cut that one's response in turn (a new
+                    // TCP and TLS handshake each time, for the last few megabytes).
+                    cursor = assign(id, unownedOnly: true)
                     if cursor == nil { return }
                     continue
                 case .retired:
@@ -253,7 +253,7 @@ extension FileDownload {
     enum RangeOutcome {
         case done, retired
         /// Done, its response cut short (another connection took the rest of the range), which
-        /// closed its connection.
+        /// closed its connection; only where ranges go in pieces (``piecewise(_:)``).
         case cut
         case unchanged(FilePath, CompletionRecord)
     }
@@ -356,7 +356,7 @@ extension FileDownload {
                                            multiplex: options.multiplex && offset == 0 && total == nil)
                 try await transport.fetch(request, into: sink)
             } catch is RangeComplete {
-                return .cut
+                return piecewise(url) ? .cut : .done
             } catch is MetalinkAnswer {
                 throw MetalinkFollowed(metalink: try await readMetalink(at: url))
             } catch let rejected as SourceRejected {
