@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOSSL
 import SystemPackage
 import Testing
 import TestServer
@@ -328,6 +329,23 @@ extension AbsoluteFormTests {
 @Suite(.serialized, .enabled(if: Nginx.binary != nil && FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"),
                              "nginx or openssl missing"))
 struct TLSCloseTests {
+    /// A TLS connection dropped mid-response (no close_notify) is a dropped connection, retried and
+    /// resumed; a certificate failure stays fatal.
+    @Test func aCutTLSConnectionIsRetriedNotFatal() {
+        let cut = HTTPClientTransport.classify(NIOSSLError.uncleanShutdown, url: "https://example.com/f")
+        guard case TransportError.transient(let why)? = cut as? TransportError else {
+            Issue.record("\(cut)")
+            return
+        }
+        #expect(why.contains("cut"))
+        #expect(TLSFailure(NIOSSLError.uncleanShutdown) == nil)
+        let refused = HTTPClientTransport.classify(NIOSSLExtraError.failedToValidateHostname, url: "https://example.com/f")
+        guard case TransportError.fatal? = refused as? TransportError else {
+            Issue.record("\(refused)")
+            return
+        }
+    }
+
     @Test func cutTLSConnectionsAreClosedWithoutWaitingForThePeer() async throws {
         #expect(HTTPClientTransport.tlsShutdownTimeout <= .milliseconds(50))
         let state = TempDir(), dir = TempDir()

@@ -284,7 +284,10 @@ public final class HTTPClientTransport: Transport {
             if delegate.headTimedOut.load(ordering: .relaxed) {
                 throw TransportError.protocolViolation("no complete response head within \(headTimeout.nanoseconds / 1_000_000_000) s")
             }
-            if let tls = configuration.tlsConfiguration, let explained = await TLSFailure.explain(error, url: request.url, tls: tls, on: task.eventLoop) { throw explained }
+            // (Its look at the certificates connects directly: never while a SOCKS proxy applies.)
+            if proxy == nil, let tls = configuration.tlsConfiguration,
+                let explained = await TLSFailure.explain(error, url: request.url, tls: tls, on: task.eventLoop)
+            { throw explained }
             throw Self.classify(error, stall: stallTimeout(patience: patience), url: request.url)
         }
     }
@@ -333,6 +336,10 @@ public final class HTTPClientTransport: Transport {
         }
         if let e = error as? SocketAddressError, case .unknown(let host, _) = e {
             return TransportError.unresolved(host: host)
+        }
+        if case NIOSSLError.uncleanShutdown = error {
+            // AsyncHTTPClient's word for a TLS connection dropped mid-response: resumed as any other.
+            return TransportError.transient("the connection was cut before the response ended (no TLS close_notify)")
         }
         if let e = error as? HTTPParserError {
             switch e {

@@ -24,8 +24,11 @@ enum TLSFailure: Equatable {
     /// Any other failure: BoringSSL's reason code in lower case, or the error's own name.
     case other(String)
 
-    /// What `error` is, nil when it is not a TLS error.
+    /// What `error` is, nil when it is not a TLS error. A connection cut without TLS's close_notify
+    /// (`uncleanShutdown`: the server or the path dropped it mid-response) is not one: it is a
+    /// dropped connection, retried and resumed like any other.
     init?(_ error: any Error) {
+        if case NIOSSLError.uncleanShutdown = error { return nil }
         if let e = error as? NIOSSLExtraError, e == .failedToValidateHostname {
             self = .otherName
         } else if let e = error as? NIOSSLError {
@@ -127,6 +130,8 @@ enum TLSFailure: Equatable {
 
     /// The error a request to `url` fails with when `error` is a certificate that is not trusted
     /// or names another host, said from the certificate itself; nil for any other error.
+    /// The failure in words, with the certificates' own names and dates when they can be read;
+    /// nil when `error` is not a certificate failure. Connects directly to the URL's host.
     static func explain(_ error: any Error, url: String, tls: TLSConfiguration, on loop: any EventLoop) async -> TransportError? {
         guard let failure = TLSFailure(error), failure == .untrusted || failure == .otherName,
             let origin = Origin(url)
