@@ -38,7 +38,8 @@ extension Get {
                 throw ExitCode(signals.received == SIGTERM ? Exit.terminated : Exit.interrupted)
             }
             if case .fileSystem("-", let errno) = error {
-                display.line("pickup: cannot write to standard output: \(errno == .brokenPipe ? "its reader has gone" : errno.description)")
+                let why = errno == .brokenPipe ? "its reader has gone" : errno == .timedOut ? "its reader stopped taking bytes" : errno.description
+                display.line("pickup: cannot write to standard output: \(why)")
             } else {
                 display.line("pickup: \(error)")
             }

@@ -15,6 +15,7 @@ func openssl(_ args: [String], in dir: TempDir) throws -> Int32 {
     p.standardOutput = FileHandle.nullDevice
     p.standardError = FileHandle.nullDevice
     try p.runWithSignalsUnblocked()
+    CLI.bound(p)
     p.waitUntilExit()
     return p.terminationStatus
 }
@@ -48,6 +49,7 @@ func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) t
         try openssl(["ca", "-batch", "-config", "ca.conf", "-selfsign", "-keyfile", "key.pem", "-in", "req.pem", "-out", "cert.pem",
                      "-startdate", "20200101000000Z", "-enddate", "20200102000000Z", "-create_serial", "-notext"], in: dir)
     }
+    guard FileManager.default.fileExists(atPath: dir.file("cert.pem").string) else { throw NSError(domain: "openssl made no certificate", code: 1) }
     return (dir.file("cert.pem").string, dir.file("key.pem").string)
 }
 
@@ -90,6 +92,48 @@ func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) t
         // Options that need a file are refused with it.
         let json = try await pickup(["get", server.url("/q.bin"), "-o", "-", "--json"], state: state)
         #expect(json.status == 2 && json.out.isEmpty && json.err.contains("--json"), "\(json.err)")
+    }
+
+    /// `-o -` without a strong validator: a dropped connection cannot be taken up (the rest could
+    /// be another version's), so the stream fails in words after the bytes it had, never spliced.
+    @Test func dashOWithoutAStrongValidatorDoesNotResume() async throws {
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let body = Resource.bytes(count: 3_000_000, seed: 36)
+        server.set("/n.bin", Resource(body: body, etag: nil, faults: [.dropAfter(1_000_000)]))
+        let r = try await pickup(["get", server.url("/n.bin"), "-o", "-"], state: TempDir())
+        #expect(r.status == 3, "\(r.err)")
+        #expect(r.err.contains("no strong validator"), "\(r.err)")
+        #expect(r.out.count < body.count && body.starts(with: r.out), "standard output holds the first bytes only")
+        #expect(server.requests("/n.bin").count == 1)
+    }
+
+    /// `-o -` into a pipe nobody reads: the transfer waits without holding the transport's threads,
+    /// so an interrupt still ends it (exit 130) instead of a write stuck on an event loop.
+    @Test func dashOIntoAPipeNobodyReadsStillStopsOnInterrupt() async throws {
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        server.set("/p.bin", Resource(body: Resource.bytes(count: 48 << 20, seed: 37)))
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: CLI.binary)
+        p.currentDirectoryURL = CLI.workingDirectory
+        p.arguments = ["get", server.url("/p.bin"), "-o", "-", "-q"]
+        var env = ProcessInfo.processInfo.environment
+        for name in CLI.proxyVariables { env[name] = nil }
+        env["PICKUP_STATE_DIR"] = TempDir().path.string
+        p.environment = env
+        let unread = Pipe()
+        p.standardOutput = unread
+        p.standardError = FileHandle.nullDevice
+        try p.runWithSignalsUnblocked()
+        CLI.bound(p)
+        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) } }
+        // More than the pipe and the stream's buffer hold: the reads have had to wait.
+        #expect(CLI.waitFor { server.bytesSent("/p.bin") > 12 << 20 })
+        kill(p.processIdentifier, SIGINT)
+        try await CLI.offPool { p.waitUntilExit() }
+        #expect(p.terminationStatus == 130)
+        try? unread.fileHandleForReading.close()
     }
 
     /// `-i -` reads the list from standard input; running it again resumes the same batch.

@@ -27,16 +27,15 @@ extension CLI {
         env.merge(environment) { $1 }
         env["PICKUP_STATE_DIR"] = state.string
         p.environment = env
-        let out = Pipe(), err = Pipe(), stdin = Pipe()
+        let out = Pipe(), err = Pipe()
         p.standardOutput = out
         p.standardError = err
-        p.standardInput = input == nil ? FileHandle.nullDevice : stdin
+        // Standard input from a file: no pipe to fill before the child reads it.
+        let inputDir = TempDir()
+        if let input { inputDir.write("stdin", input) }
+        p.standardInput = input == nil ? FileHandle.nullDevice : FileHandle(forReadingAtPath: inputDir.file("stdin").string)
         try p.runWithSignalsUnblocked()
         bound(p)
-        if let input {
-            stdin.fileHandleForWriting.write(Data(input))
-            try? stdin.fileHandleForWriting.close()
-        }
         // Read both to the end before waiting (a full pipe would block the child).
         let errData = NSLockedData()
         let reader = Thread { errData.set(err.fileHandleForReading.readDataToEndOfFile()) }

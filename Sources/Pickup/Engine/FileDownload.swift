@@ -110,10 +110,7 @@ final class FileDownload: @unchecked Sendable {
         self.controlName = controlName
         cursorName = Self.cursorName(control: controlName)
         dir = try DirectoryHandle.open(directory, under: request.root, create: true)
-        var headers = request.options.headers
-        if !headers.contains(where: { $0.name.lowercased() == "authorization" }),
-            let basic = RequestOptions.credentials(in: request.url) { headers.append(basic) }
-        userHeaders = headers
+        userHeaders = RequestOptions.userHeaders(request.options.headers, for: request.url)
         jar = request.options.cookies
         state = RunState(record: Self.emptyRecord(url: request.url), minSplit: options.minSplitSize,
                          sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections))
@@ -372,18 +369,9 @@ final class FileDownload: @unchecked Sendable {
     /// Keeps the cookies a response to `url` sets, for the rest of this run (along a redirect chain).
     /// Called on the transport thread with the head.
     func keepCookies(from head: ResponseHead, url: String) {
-        let fields = head.headers.filter { $0.name.caseInsensitiveEquals("Set-Cookie") }
-        guard !fields.isEmpty, let u = URL(string: url) else { return }
-        let now = Clock.wallSeconds()
-        lock.withLock {
-            for field in fields.prefix(Cookie.maxPerDomain) {
-                guard let c = Cookie.parseSetCookie(field.value, from: u, now: now),
-                    c.name.utf8.count + c.value.utf8.count <= Cookie.maxSize else { continue }
-                jar.removeAll { $0.name == c.name && $0.domain == c.domain && $0.path == c.path }
-                if (c.expires ?? .max) > now { jar.append(c) }
-            }
-            jar = Cookie.capped(jar)
-        }
+        let values = head.headers.filter { $0.name.caseInsensitiveEquals("Set-Cookie") }.map(\.value)
+        guard !values.isEmpty else { return }
+        lock.withLock { Cookie.keep(values, from: url, in: &jar, now: Clock.wallSeconds()) }
     }
 
     /// Removes the partial file and its helpers when they hold nothing. On the blocking-I/O pool.

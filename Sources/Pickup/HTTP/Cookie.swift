@@ -49,6 +49,19 @@ public struct Cookie: Sendable, Codable, Equatable {
     static let maxSize = 4096
     static let maxHeader = 8192
 
+    /// Keeps in `jar` the cookies a response to `url` sets (its `Set-Cookie` values), for the rest of
+    /// a run (along a redirect chain): each replaces the one of the same name, domain and path,
+    /// an expired one only removes it, and the jar stays within the caps.
+    static func keep(_ values: [String], from url: String, in jar: inout [Cookie], now: Int64) {
+        guard !values.isEmpty, let u = URL(string: url) else { return }
+        for value in values.prefix(maxPerDomain) {
+            guard let c = parseSetCookie(value, from: u, now: now), c.name.utf8.count + c.value.utf8.count <= maxSize else { continue }
+            jar.removeAll { $0.name == c.name && $0.domain == c.domain && $0.path == c.path }
+            if (c.expires ?? .max) > now { jar.append(c) }
+        }
+        jar = capped(jar)
+    }
+
     /// `jar` within the caps, the newest of each domain kept (they come last).
     static func capped(_ jar: [Cookie]) -> [Cookie] {
         var perDomain: [String: Int] = [:]

@@ -113,6 +113,15 @@ public struct RequestOptions: Sendable, Codable, Equatable {
         headers.contains { $0.isSecret } || !cookies.isEmpty || Self.credentials(in: url) != nil
     }
 
+    /// The user's header fields for requests to `url`, with Basic credentials from its user
+    /// information when no Authorization field is given.
+    static func userHeaders(_ headers: [RequestHeader], for url: String) -> [RequestHeader] {
+        guard !headers.contains(where: { $0.name.caseInsensitiveEquals("Authorization") }), let basic = credentials(in: url) else {
+            return headers
+        }
+        return headers + [basic]
+    }
+
     /// The credentials of a URL's user information (`http://user:password@host/`), as Basic.
     public static func credentials(in url: String) -> RequestHeader? {
         guard let u = URL(string: url), let user = u.user(percentEncoded: false), !user.isEmpty else { return nil }

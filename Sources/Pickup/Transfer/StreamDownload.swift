@@ -12,16 +12,23 @@ extension Downloader {
     /// ``DownloadOptions/maxFileSize`` apply as to a download; the destination, mirrors, pieces
     /// and Metalink answers do not (a Metalink document is streamed as it is).
     ///
-    /// `write` is called on the transport's thread with each chunk, in order, and may block: a
-    /// full pipe holds the connection's reads, which is the backpressure. What it throws ends the
-    /// stream as a file-system error on `-`.
+    /// `write` is called on a thread of the stream's own with each chunk, in order, and may block
+    /// (``StreamOutput``): a reader that falls behind pauses the connection's reads, one that takes
+    /// nothing for the transport's stall timeout at the end fails the stream. What it throws ends
+    /// the stream as a file-system error on `-`.
     /// - Returns: the result, with `path` `-`.
     /// - Throws: ``PickupError``.
     public func stream(_ request: DownloadRequest, write: @escaping @Sendable (UnsafeRawBufferPointer) throws -> Void,
                        onEvent: @escaping @Sendable (DownloadEvent) -> Void = { _ in }) async throws(PickupError) -> DownloadResult
     {
         try DownloadURL.check(request.url)
-        return try await StreamRun(request: request, options: options, write: write, onEvent: onEvent).run(on: transport)
+        let run = StreamRun(request: request, options: options, write: write, onEvent: onEvent)
+        do {
+            return try await run.run(on: transport)
+        } catch {
+            run.output.abandon()
+            throw error
+        }
     }
 }
 
@@ -29,7 +36,7 @@ extension Downloader {
 final class StreamRun: @unchecked Sendable {
     let request: DownloadRequest
     let options: DownloadOptions
-    let write: @Sendable (UnsafeRawBufferPointer) throws -> Void
+    let output: StreamOutput
     let onEvent: @Sendable (DownloadEvent) -> Void
     let userHeaders: [RequestHeader]
     let lock = NIOLock()
@@ -48,12 +55,9 @@ final class StreamRun: @unchecked Sendable {
          onEvent: @escaping @Sendable (DownloadEvent) -> Void) {
         self.request = request
         self.options = options
-        self.write = write
+        output = StreamOutput(write: write)
         self.onEvent = onEvent
-        var headers = request.options.headers
-        if !headers.contains(where: { $0.name.caseInsensitiveEquals("Authorization") }),
-            let basic = RequestOptions.credentials(in: request.url) { headers.append(basic) }
-        userHeaders = headers
+        userHeaders = RequestOptions.userHeaders(request.options.headers, for: request.url)
         jar = request.options.cookies
         expected = request.checksum
         hasher = request.checksum.map { AnyHasher($0.algorithm) }
@@ -61,11 +65,19 @@ final class StreamRun: @unchecked Sendable {
 
     func run(on transport: any Transport) async throws(PickupError) -> DownloadResult {
         let started = Clock.monotonic()
+        let stall = transport.stallTimeout(patience: 0) ?? 15
         var url = request.url
         var redirects = 0, failuresInRow = 0, unresolved = 0
         var sentAtFailure: Int64 = 0
         while true {
             if Task.isCancelled { throw .interrupted }
+            // Going on where a connection dropped needs a strong validator (If-Range): without
+            // one the rest could be another version's, spliced after bytes already handed over.
+            let (held, resumable) = lock.withLock { (sent, validators?.ifRange != nil) }
+            if held > 0, !resumable {
+                throw .network("cannot go on where the connection dropped: the server gives no strong validator to resume "
+                    + "with; standard output has the first \(ByteCount.format(held))")
+            }
             let (headers, context) = lock.withLock {
                 (FileDownload.requestHeaders(offset: sent, end: .max, validators: validators, conditional: nil)
                     + RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: jar, now: Clock.wallSeconds()),
@@ -77,7 +89,7 @@ final class StreamRun: @unchecked Sendable {
             do {
                 try await transport.fetch(FetchRequest(url: url, headers: headers), into: sink)
                 // A body without a length ends with its connection.
-                if sink.expectedEnd == nil, sink.taken { return try finish(started: started) }
+                if sink.expectedEnd == nil, sink.taken { return try await finish(started: started, stall: stall) }
                 failure = "the response ended early"
             } catch let e as PickupError {
                 throw e
@@ -100,9 +112,9 @@ final class StreamRun: @unchecked Sendable {
             }
             switch sink.decision {
             case .alreadyComplete?:
-                return try finish(started: started)
+                return try await finish(started: started, stall: stall)
             case .append?, .replace?:
-                if sink.ended { return try finish(started: started) }
+                if sink.ended { return try await finish(started: started, stall: stall) }
             case .redirect(let location)?:
                 redirects += 1
                 guard redirects <= options.maxRedirects else { throw .server(status: nil, "more than \(options.maxRedirects) redirects") }
@@ -129,8 +141,16 @@ final class StreamRun: @unchecked Sendable {
         }
     }
 
-    /// The end: every byte sent, checked against the checksum when there is one.
-    func finish(started: Double) throws(PickupError) -> DownloadResult {
+    /// The end: every byte written (waited for on the blocking pool, while the reader takes some
+    /// within `stall` seconds), checked against the checksum when there is one.
+    func finish(started: Double, stall: Double) async throws(PickupError) -> DownloadResult {
+        do {
+            try await BlockingIO.run { [output] in try output.close(stall: stall) }
+        } catch let e as PickupError {
+            throw e
+        } catch {
+            throw .io("-", error)
+        }
         let (bytes, digest, expected) = lock.withLock { (sent, hasher?.finalize(), self.expected) }
         if let expected, let digest, digest != expected.bytes {
             throw .verification("the \(ByteCount.format(bytes)) written to standard output do not match the \(expected.algorithm.rawValue) "
@@ -168,36 +188,30 @@ final class StreamRun: @unchecked Sendable {
         return true
     }
 
-    /// A chunk of the body: written, counted, hashed; returns the speed limit's pause.
-    func body(_ bytes: UnsafeRawBufferPointer) throws -> Double {
-        do { try write(bytes) } catch { throw PickupError.io("-", error) }
-        let now = Clock.monotonic()
-        let tick = lock.withLock { () -> DownloadProgress? in
-            sent += Int64(bytes.count)
-            hasher?.update(bytes)
-            guard now - lastTick >= options.progressInterval else { return nil }
-            lastTick = now
-            return DownloadProgress(bytesDone: sent, totalBytes: total, bytesPerSecond: meter.add(time: now, bytes: sent))
-        }
-        if let max = options.maxFileSize, lock.withLock({ sent }) > max {
+    /// A chunk of the body: handed to the output, counted, hashed. Returns the pause to ask for
+    /// (the output's, or the speed limit's) and the bytes handed over so far.
+    func body(_ bytes: UnsafeRawBufferPointer) throws -> (pause: Double, sent: Int64) {
+        if let max = options.maxFileSize, lock.withLock({ sent }) + Int64(bytes.count) > max {
             throw PickupError.server(status: nil, "the file is larger than the maximum size allowed (\(ByteCount.format(max)))")
         }
+        let full = try output.put(bytes)
+        let now = Clock.monotonic()
+        let (tick, handed) = lock.withLock { () -> (DownloadProgress?, Int64) in
+            sent += Int64(bytes.count)
+            hasher?.update(bytes)
+            guard now - lastTick >= options.progressInterval else { return (nil, sent) }
+            lastTick = now
+            return (DownloadProgress(bytesDone: sent, totalBytes: total, bytesPerSecond: meter.add(time: now, bytes: sent)), sent)
+        }
         if let tick { onEvent(.progress(tick)) }
-        return request.limiters.reduce(0) { Swift.max($0, $1.take(bytes.count)) }
+        return (request.limiters.reduce(full) { Swift.max($0, $1.take(bytes.count)) }, handed)
     }
 
     /// Cookies a response sets, kept for the rest of the stream (along a redirect chain).
     func keepCookies(_ head: ResponseHead, url: String) {
-        guard let u = URL(string: url) else { return }
-        let now = Clock.wallSeconds()
-        let set = head.headers.filter { $0.name.caseInsensitiveEquals("Set-Cookie") }.prefix(Cookie.maxPerDomain)
-            .compactMap { Cookie.parseSetCookie($0.value, from: u, now: now) }
-            .filter { $0.name.utf8.count + $0.value.utf8.count <= Cookie.maxSize }
-        guard !set.isEmpty else { return }
-        lock.withLock {
-            jar.removeAll { old in set.contains { $0.name == old.name && $0.domain == old.domain && $0.path == old.path } }
-            jar = Cookie.capped(jar + set.filter { ($0.expires ?? .max) > now })
-        }
+        let values = head.headers.filter { $0.name.caseInsensitiveEquals("Set-Cookie") }.map(\.value)
+        guard !values.isEmpty else { return }
+        lock.withLock { Cookie.keep(values, from: url, in: &jar, now: Clock.wallSeconds()) }
     }
 }
 
@@ -227,17 +241,14 @@ final class StreamSink: ResponseSink, @unchecked Sendable {
         self.decision = decision
         guard try run.take(head, decision: decision, url: url) else { throw StreamHeadSaid() }
         taken = true
-        switch decision {
-        case .append(_, let end, _, _): expectedEnd = end
-        case .replace(let total, _): expectedEnd = total
-        default: expectedEnd = context.offset
-        }
+        // (`take` accepts only these two.)
+        if case .append(_, let end, _, _) = decision { expectedEnd = end }
+        if case .replace(let total, _) = decision { expectedEnd = total }
         if expectedEnd == context.offset { ended = true }
     }
 
     func receiveBody(_ bytes: UnsafeRawBufferPointer) throws -> Double {
-        let pause = try run.body(bytes)
-        let sent = run.lock.withLock { run.sent }
+        let (pause, sent) = try run.body(bytes)
         if let expectedEnd, sent >= expectedEnd { ended = true }
         return pause
     }
