@@ -98,13 +98,11 @@ public struct DaemonFiles: Sendable {
             if let merged = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) { data = merged }
         }
         // It may hold a proxy's password: created 0600 (exclusively, under a temporary name), then
-        // renamed over the old one, so that it is never readable by others, not even for a moment.
-        let tmp = FilePath(settingsPath.string + ".\(UInt32.random(in: 0...UInt32.max)).tmp")
-        guard let fd = try? FileDescriptor.open(tmp, .writeOnly, options: [.create, .exclusiveCreate, .closeOnExec, .noFollow],
-                                                permissions: [.ownerReadWrite])
+        // renamed over the old one, so that it is never readable by others, not even for a moment;
+        // its bytes durable before the rename: a crash leaves the old file or the new one whole.
+        guard let name = settingsPath.lastComponent?.string,
+            let dir = try? DirectoryHandle.open(settingsPath.removingLastComponent(), create: false)
         else { return }
-        // Its bytes durable before the rename: a crash leaves the old file or the new one whole.
-        let written = (try? fd.closeAfter { () throws -> Void in _ = try fd.writeAll(data); try FS.fsync(fd) }) != nil
-        if !written || rename(tmp.string, settingsPath.string) != 0 { _ = unlink(tmp.string) }
+        try? dir.replaceFile(name, with: Array(data))
     }
 }

@@ -189,6 +189,27 @@ extension DownloadManager {
         }
     }
 
+    /// Removed while running (its partial file to be deleted) and added again at once: the new
+    /// download waits until the old transfer has ended and its deletion is done, then completes
+    /// byte-exact (never running beside it, nor losing its bytes to that deletion).
+    @Test func aDownloadRemovedWhileRunningAndAddedAgainStartsAfterTheOldOneEnds() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(1, size: 3_000_000, rate: 400_000)
+        let m = try f.manager()
+        let old = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        await m.waitUntil { ($0[old]?.progress.bytesDone ?? 0) > 200_000 }
+        f.server.update("/f/0.bin") { $0.bytesPerSecond = nil }
+        try await m.remove(old, deleteFile: false, deletePartial: true)
+        let again = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        #expect(again != old)
+        let view = await m.waitUntil { $0[again]?.state.isFinal == true }
+        #expect(view[again]?.state == .completed, "\(String(describing: view[again]?.failure))")
+        #expect(f.dir.read("0.bin") == bodies[0])
+        #expect(!f.dir.entries.contains { $0.hasSuffix(".pickup-part") })
+        await m.shutdown()
+        await f.close()
+    }
+
     @Test func restartingTheManagerMidDownloadResumesItAndPausedOnesStayPaused() async throws {
         let f = try await ManagerFixture()
         // Slow enough that it cannot finish before the shutdown, even on a loaded machine.

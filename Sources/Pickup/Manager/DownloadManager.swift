@@ -705,8 +705,11 @@ public actor DownloadManager {
     /// Starts what the queue says may start now.
     func schedule() {
         guard started, !isShutDown else { return }
-        // A download paused and resumed before its transfer ended waits for that end.
-        let busy = Set(running.keys).union(deleting.keys.compactMap { keys[$0] })
+        // A download paused and resumed before its transfer ended waits for that end; so does one
+        // whose URL and destination a transfer still ending holds (removed while it ran, added
+        // again: the old transfer still has its partial file, and may be about to delete it).
+        let ending = running.values.compactMap { keys[Key($0.request.url, $0.request.destination)] }
+        let busy = Set(running.keys).union(deleting.keys.compactMap { keys[$0] }).union(ending)
         for id in queue.startNext(active: running.count, limit: startsAll ? nil : maxConcurrent, busy: busy) {
             launch(id)
         }

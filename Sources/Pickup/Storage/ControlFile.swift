@@ -149,20 +149,8 @@ public enum ControlFile {
     /// file is created exclusively), fsync, rename over the control file, fsync of the directory
     /// (without the fsyncs unless `durable`).
     static func replace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle, durable: Bool = true) throws(PickupError) {
-        let tmp = name + ".tmp"
-        directory.remove(tmp)
         do { try TestFaults.check(.store) } catch { throw .fileSystem(directory.pathOf(name).string, error) }
-        let fd = try directory.openFile(tmp, write: true, create: true, exclusive: true, mode: 0o600)
-        do {
-            defer { try? fd.close() }
-            _ = try fd.writeAll(bytes)
-            if durable { try FS.fsync(fd) }
-        } catch {
-            directory.remove(tmp)
-            throw .io(directory.pathOf(tmp).string, error)
-        }
-        try directory.rename(tmp, to: name)
-        if durable { directory.sync() }
+        try directory.replaceFile(name, with: bytes, durable: durable)
     }
 
     /// The disk is full: rewrite the existing file within its own blocks, if it is large enough.

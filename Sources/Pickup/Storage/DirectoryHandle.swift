@@ -172,6 +172,25 @@ public final class DirectoryHandle: Sendable {
         try rename(from, to: to)
     }
 
+    /// Replaces the file `name` whole: a new temp file (never through a symlink: any entry at its
+    /// name is removed first and the file is created exclusively, mode 0600), fsync, rename over
+    /// `name`, fsync of the directory (without the fsyncs unless `durable`). Blocking calls.
+    package func replaceFile(_ name: String, with bytes: [UInt8], durable: Bool = true) throws(PickupError) {
+        let tmp = name + ".tmp"
+        remove(tmp)
+        let fd = try openFile(tmp, write: true, create: true, exclusive: true, mode: 0o600)
+        do {
+            defer { try? fd.close() }
+            _ = try fd.writeAll(bytes)
+            if durable { try FS.fsync(fd) }
+        } catch {
+            remove(tmp)
+            throw .io(pathOf(tmp).string, error)
+        }
+        try rename(tmp, to: name)
+        if durable { sync() }
+    }
+
     /// Makes the directory's entries (creates, renames, unlinks) durable.
     func sync() {
         try? FS.fsync(FileDescriptor(rawValue: fd))

@@ -119,7 +119,7 @@ public final class PartialFile: Sendable {
 
     /// ``lock()``, asked again every 10 ms for up to `seconds` (a blocking wait, only while another
     /// holds the lock).
-    public func lock(within seconds: Double) -> Bool {
+    func lock(within seconds: Double) -> Bool {
         for _ in 0..<max(1, Int(min(seconds, 60) * 100)) {
             if lock() { return true }
             usleep(10_000)
