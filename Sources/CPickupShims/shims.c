@@ -187,3 +187,12 @@ int pickup_spawn_hook(const char *path, char *const argv[], char *const envp[], 
 // No processes to start on iOS, tvOS and watchOS.
 int pickup_spawn_hook(const char *path, char *const argv[], char *const envp[], pid_t *pid) { return ENOTSUP; }
 #endif
+
+#include <sys/ioctl.h>
+int pickup_terminal_size(int fd, int *columns, int *rows) {
+    struct winsize w;
+    if (ioctl(fd, TIOCGWINSZ, &w) != 0) return -1;
+    *columns = w.ws_col;
+    *rows = w.ws_row;
+    return 0;
+}

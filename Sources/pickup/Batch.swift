@@ -114,6 +114,7 @@ struct Batch {
         var config = DownloadManager.Configuration(
             stateDirectory: StateDirectory.default.appending("batches").appending(Self.key(listKey + "\n" + outDir.string)))
         (config.engine, config.transport) = get.engine.settings()
+        if get.verbose { config.transport.trace = { display.line($0) } }
         config.engine.stateDirectory = StateDirectory.default  // completion records shared with single downloads
         config.engine.multiplex = true  // many files to a host: HTTP/2 streams of one connection where offered
         config.maxConcurrentDownloads = urls == nil ? get.jobs : 1
@@ -242,6 +243,7 @@ struct Batch {
 /// Progress of a batch on standard error: on a terminal, an overall line and one line per running
 /// download, redrawn in place; on a pipe, a line per finished file and an overall line every few seconds.
 final class BatchDisplay: @unchecked Sendable {
+    private let lock = NSLock()
     private let quiet: Bool
     private let tty: Bool
     private var drawnLines = 0
@@ -254,20 +256,26 @@ final class BatchDisplay: @unchecked Sendable {
 
     func draw(totals t: ManagerTotals, running: [DownloadInfo], of count: Int) {
         guard !quiet else { return }
-        var overall = "\(t.count(.completed))/\(count) done  " + ByteCount.format(t.bytesDone)
+        var overall = "\(t.count(.completed))/\(count) done  " + (running.isEmpty ? "" : "\(running.count) active  ") + ByteCount.format(t.bytesDone)
         if t.totalBytes > 0 { overall += " / " + ByteCount.format(t.totalBytes) }
-        if let f = t.fraction { overall += String(format: "  %5.1f%%", f * 100) }
+        if let f = t.fraction { overall += "  " + ProgressText.percent(f) }
         overall += "  " + ByteCount.format(Int64(t.bytesPerSecond)) + "/s"
-        if let left = t.secondsLeft { overall += "  " + ProgressDisplay.duration(left) + " left" }
+        if let left = t.secondsLeft { overall += "  " + ProgressText.duration(left) + " left" }
         if t.count(.failed) > 0 { overall += "  \(t.count(.failed)) failed" }
         if tty {
-            let lines = [overall] + running.prefix(16).map { "  " + Self.name($0) + "  " + ProgressDisplay.describe($0.progress) }
-            clear()
-            write(lines.joined(separator: "\n"))
-            drawnLines = lines.count
+            // Each line fits the terminal's width, and the lines its height.
+            let width = ProgressDisplay.width(tty: true)
+            let shown = running.prefix(max(0, min(16, ProgressDisplay.rows() - 2)))
+            let lines = [String(overall.prefix(width - 1))]
+                + shown.map { "  " + ProgressText.line(name: Self.name($0), progress: $0.progress, width: width - 2) }
+            lock.withLock {
+                clearDrawn()
+                write(lines.joined(separator: "\n"))
+                drawnLines = lines.count
+            }
         } else if Date().timeIntervalSince(lastPlain) >= 5 {
             lastPlain = Date()
-            write(overall + "\n")
+            lock.withLock { write(overall + "\n") }
         }
     }
 
@@ -298,15 +306,21 @@ final class BatchDisplay: @unchecked Sendable {
 
     static func name(_ info: DownloadInfo) -> String {
         if case .file(let p) = info.destination { return p.lastComponent?.string ?? info.url }
-        return info.url.split(separator: "/").last.map(String.init) ?? info.url
+        return ProgressDisplay.name(of: info.url) ?? DownloadURL.redacted(info.url)
     }
 
+    /// A line of its own (from any thread: `-v`'s heads come from the connections' threads).
     func line(_ text: String) {
-        clear()
-        write(text + "\n")
+        lock.withLock {
+            clearDrawn()
+            write(text + "\n")
+        }
     }
 
-    func clear() {
+    func clear() { lock.withLock { clearDrawn() } }
+
+    /// Clears what the last draw drew. Called with `lock` held.
+    private func clearDrawn() {
         guard drawnLines > 0 else { return }
         write("\r" + String(repeating: "\u{1B}[1A", count: drawnLines - 1) + "\u{1B}[J")
         drawnLines = 0

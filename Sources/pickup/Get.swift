@@ -66,6 +66,11 @@ struct Get: AsyncParsableCommand {
             + "describes (into -d, or the one file to -o) instead of saving the document."))
     var followMetalink = true
 
+    @Flag(help: ArgumentHelp(
+        "Read no config file for this run (by default $XDG_CONFIG_HOME/pickup/pickup.conf, else ~/.config/pickup/pickup.conf: "
+            + "one long option a line, e.g. connections = 4; the command line wins)."))
+    var noConfig = false
+
     @Flag(help: "Discard any partial download and start from zero.")
     var restart = false
 
@@ -83,6 +88,11 @@ struct Get: AsyncParsableCommand {
 
     @Flag(name: [.short, .long], help: "Print nothing but errors.")
     var quiet = false
+
+    @Flag(name: [.short, .long], help: ArgumentHelp(
+        "Print the head of every request and response on standard error, numbered by request "
+            + "(credentials, cookies and fields named like a token or key shown as [redacted])."))
+    var verbose = false
 
     @Flag(help: "Print one JSON object per file on standard output when it ends (path, url, size, outcome, bytesTransferred, seconds, digest, error).")
     var json = false
@@ -152,9 +162,10 @@ struct Get: AsyncParsableCommand {
             limiters: limitRate.flatMap(Self.rate).map { [RateLimiter(bytesPerSecond: $0)] } ?? [],
             options: try http.options(for: url), mirrors: Array(urls.dropFirst()))
         request.followMetalink = followMetalink
-        let (options, transport) = engine.settings()
+        let display = ProgressDisplay(quiet: quiet, name: output.flatMap { FilePath($0).lastComponent?.string } ?? ProgressDisplay.name(of: url))
+        var (options, transport) = engine.settings()
+        if verbose { transport.trace = { display.line($0) } }
         let downloader = Downloader(options: options, transport: transport)
-        let display = ProgressDisplay(quiet: quiet)
         let signals = SignalTrap()
         let hooks = hookFlags.runner()
 

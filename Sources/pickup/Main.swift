@@ -21,7 +21,7 @@ struct PickupCommand: AsyncParsableCommand {
         abstract: "Resumable, crash-safe downloads.",
         discussion: "Run the same command again after any interruption and the download picks up where it left off.",
         version: PickupVersion.string,
-        subcommands: [Get.self, Serve.self, Add.self, List.self, SetCommand.self, Pause.self, Resume.self, Remove.self, Watch.self])
+        subcommands: [Get.self, Serve.self, Add.self, List.self, SetCommand.self, Pause.self, Resume.self, Remove.self, Watch.self, Partials.self, Clean.self])
 }
 
 /// ArgumentParser validates a command before it looks for unknown options: `--tries 3 URL` took
@@ -34,11 +34,11 @@ enum Validation {
 
     /// The error to report for a failed parse: ArgumentParser's own when the arguments parse
     /// without the validations (an unknown option, a missing value), else `original`.
-    static func parseError(behind original: any Error) -> any Error {
+    static func parseError(behind original: any Error, arguments: [String]) -> any Error {
         skipped = true
         defer { skipped = false }
         do {
-            _ = try PickupCommand.parseAsRoot()
+            _ = try PickupCommand.parseAsRoot(arguments)
             return original
         } catch {
             return error
@@ -50,10 +50,18 @@ enum Validation {
 enum Main {
     static func main() async {
         var command: ParsableCommand
+        // `get`'s default options from the config file go first: the command line's win.
+        let arguments: [String]
         do {
-            command = try PickupCommand.parseAsRoot()
+            arguments = try ConfigFile.expand(Array(CommandLine.arguments.dropFirst()), environment: ProcessInfo.processInfo.environment)
         } catch {
-            let error = Validation.parseError(behind: error)
+            FileHandle.standardError.write(Data("pickup: \(error)\n".utf8))
+            exit(Exit.usage)
+        }
+        do {
+            command = try PickupCommand.parseAsRoot(arguments)
+        } catch {
+            let error = Validation.parseError(behind: error, arguments: arguments)
             let code = PickupCommand.exitCode(for: error)
             if code == .success {
                 print(PickupCommand.fullMessage(for: error))

@@ -1,19 +1,39 @@
 import Foundation
 import Pickup
 
-/// Progress on standard error: one line redrawn at most ten times a second on a terminal, a plain
-/// line every few seconds on a pipe, nothing with --quiet.
+/// Progress on standard error: one line redrawn at most ten times a second on a terminal, fitting
+/// its width (asked at each redraw), a plain line every few seconds on a pipe, nothing with --quiet.
 final class ProgressDisplay: @unchecked Sendable {
     private let lock = NSLock()
     private let quiet: Bool
     private let tty: Bool
+    private let name: String?
     private var lastDraw = 0.0
     private var drawn = false
     private let started = Date()
 
-    init(quiet: Bool) {
+    /// `name`: the file's, as far as it is known before the server names it.
+    init(quiet: Bool, name: String? = nil) {
         self.quiet = quiet
+        self.name = name
         self.tty = isatty(STDERR_FILENO) != 0
+    }
+
+    /// Columns of standard error's terminal (COLUMNS, then 80, when it does not say); a pipe has
+    /// room for every part.
+    static func width(tty: Bool) -> Int {
+        guard tty else { return 400 }
+        return Terminal.size(of: STDERR_FILENO)?.columns
+            ?? ProcessInfo.processInfo.environment["COLUMNS"].flatMap(Int.init).map { min(max($0, 20), 1000) } ?? 80
+    }
+
+    /// The rows of standard error's terminal (24 when it does not say).
+    static func rows() -> Int { Terminal.size(of: STDERR_FILENO)?.rows ?? 24 }
+
+    /// A name for the progress line from a URL: its last path segment, if any.
+    static func name(of url: String) -> String? {
+        guard let path = URLComponents(string: url)?.path, let last = path.split(separator: "/").last else { return nil }
+        return String(last).removingPercentEncoding ?? String(last)
     }
 
     func handle(_ event: DownloadEvent) {
@@ -32,7 +52,7 @@ final class ProgressDisplay: @unchecked Sendable {
                 let interval = tty ? 0.1 : 5
                 guard now - lastDraw >= interval else { return }
                 lastDraw = now
-                let text = Self.describe(p)
+                let text = ProgressText.line(name: name, progress: p, width: Self.width(tty: tty))
                 if tty {
                     write("\r\u{1B}[K" + text)
                     drawn = true
@@ -41,23 +61,6 @@ final class ProgressDisplay: @unchecked Sendable {
                 }
             }
         }
-    }
-
-    static func describe(_ p: DownloadProgress) -> String {
-        var parts = [ByteCount.format(p.bytesDone)]
-        if let total = p.totalBytes { parts[0] += " / " + ByteCount.format(total) }
-        if let f = p.fraction { parts.append(String(format: "%5.1f%%", f * 100)) }
-        parts.append(ByteCount.format(Int64(p.bytesPerSecond)) + "/s")
-        if let left = p.secondsLeft { parts.append(duration(left) + " left") }
-        if let wait = p.stallTimeout { parts.append("(slow server: waiting up to \(duration(wait)) for data)") }
-        return parts.joined(separator: "  ")
-    }
-
-    static func duration(_ s: Double) -> String {
-        let t = Int(Seconds.clamped(s).rounded())
-        if t >= 3600 { return "\(t / 3600)h\(String(format: "%02d", t % 3600 / 60))m" }
-        if t >= 60 { return "\(t / 60)m\(String(format: "%02d", t % 60))s" }
-        return "\(t)s"
     }
 
     /// A line of its own (errors always; notices unless quiet), clearing the progress line first.

@@ -36,7 +36,7 @@ enum Remote {
         if let total = d.totalBytes { size += " / " + ByteCount.format(total) }
         let percent = d.fraction.map { String(format: "%.1f%%", $0 * 100) } ?? ""
         let speed = d.state == "running" ? ByteCount.format(Int64(d.bytesPerSecond)) + "/s" : ""
-        let left = d.state == "running" ? (d.secondsLeft.map(ProgressDisplay.duration) ?? "") : ""
+        let left = d.state == "running" ? (d.secondsLeft.map(ProgressText.duration) ?? "") : ""
         let why = d.error.map { "  (\($0.message))" } ?? ""
         return columns(String(d.id), d.state, percent, size, speed, left) + (d.name ?? d.url) + why
     }

@@ -12,9 +12,10 @@ extension Get {
         let request = DownloadRequest(
             url: url, destination: .file("-"), checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)),
             limiters: limitRate.flatMap(Self.rate).map { [RateLimiter(bytesPerSecond: $0)] } ?? [], options: try http.options(for: url))
-        let (options, transport) = engine.settings()
+        let display = ProgressDisplay(quiet: quiet, name: ProgressDisplay.name(of: url))
+        var (options, transport) = engine.settings()
+        if verbose { transport.trace = { display.line($0) } }
         let downloader = Downloader(options: options, transport: transport)
-        let display = ProgressDisplay(quiet: quiet)
         if !quiet { display.line("pickup: writing to standard output: not resumable (nothing is kept on disk; an interrupted run starts over)") }
         let signals = SignalTrap()
         let task = Task {

@@ -30,16 +30,24 @@ enum CLI {
     static let proxyVariables = ["http_proxy", "https_proxy", "HTTPS_PROXY", "ftp_proxy", "FTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy",
                                  "NO_PROXY"]
 
+    /// The environment of a `pickup` a test starts: this process's without proxy settings, no config
+    /// file but a test's own (never the user's ~/.config/pickup/pickup.conf), `environment` added,
+    /// and `state` as its state directory.
+    static func environmentFor(state: FilePath, _ environment: [String: String] = [:]) -> [String: String] {
+        var env = ProcessInfo.processInfo.environment
+        for name in proxyVariables { env[name] = nil }
+        env["XDG_CONFIG_HOME"] = state.appending("no-config").string
+        env.merge(environment) { $1 }
+        env["PICKUP_STATE_DIR"] = state.string
+        return env
+    }
+
     static func start(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> Process {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: binary)
         p.currentDirectoryURL = workingDirectory
         p.arguments = args
-        var env = ProcessInfo.processInfo.environment
-        for name in proxyVariables { env[name] = nil }
-        env.merge(environment) { $1 }
-        env["PICKUP_STATE_DIR"] = state.string
-        p.environment = env
+        p.environment = environmentFor(state: state, environment)
         p.standardOutput = FileHandle.nullDevice
         // `PICKUP_DEBUG_STDERR=FILE` (an existing file) collects every started process's messages
         // (appended: processes that run at once do not write over each other's lines).

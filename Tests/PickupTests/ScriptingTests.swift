@@ -22,11 +22,7 @@ extension CLI {
         p.executableURL = URL(fileURLWithPath: binary)
         p.currentDirectoryURL = workingDirectory
         p.arguments = args
-        var env = ProcessInfo.processInfo.environment
-        for name in proxyVariables { env[name] = nil }
-        env.merge(environment) { $1 }
-        env["PICKUP_STATE_DIR"] = state.string
-        p.environment = env
+        p.environment = environmentFor(state: state, environment)
         let out = Pipe(), err = Pipe()
         p.standardOutput = out
         p.standardError = err

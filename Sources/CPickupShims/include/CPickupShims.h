@@ -32,4 +32,7 @@ long pickup_guarded_faults(void);
 /// other descriptor of this process (Linux: closefrom in the child; Darwin:
 /// POSIX_SPAWN_CLOEXEC_DEFAULT). Returns 0 with the pid, or an errno.
 int pickup_spawn_hook(const char *path, char *const argv[], char *const envp[], pid_t *pid);
+/// The size of the terminal at `fd` (TIOCGWINSZ): 0 with its columns and rows, or -1 with errno
+/// set (not a terminal).
+int pickup_terminal_size(int fd, int *columns, int *rows);
 #endif

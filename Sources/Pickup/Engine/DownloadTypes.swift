@@ -173,7 +173,7 @@ public struct DownloadProgress: Sendable, Equatable {
     /// Estimated seconds to finish, when the length and a speed are known.
     public var secondsLeft: Double? {
         guard let total = totalBytes, bytesPerSecond > 0 else { return nil }
-        return Double(max(0, total - bytesDone)) / bytesPerSecond
+        return max(0, Double(total) - Double(bytesDone)) / bytesPerSecond
     }
     /// Fraction done, when the length is known.
     public var fraction: Double? {
@@ -185,12 +185,17 @@ public struct DownloadProgress: Sendable, Equatable {
     /// stalling server made it more patient than the transport's stall timeout (nil otherwise).
     public var stallTimeout: Double?
 
+    /// Connections fetching a range of the file now (0 when not known: before the length is,
+    /// or outside a run).
+    public var connections: Int
+
     /// A progress value.
-    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double, stallTimeout: Double? = nil) {
+    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double, stallTimeout: Double? = nil, connections: Int = 0) {
         self.bytesDone = bytesDone
         self.totalBytes = totalBytes
         self.bytesPerSecond = bytesPerSecond
         self.stallTimeout = stallTimeout
+        self.connections = connections
     }
 }
 

@@ -47,10 +47,13 @@ extension FileDownload {
             guard ticks.monitored else { return false }
             if now - ticks.lastProgress >= options.progressInterval * 0.9 {
                 ticks.lastProgress = now
-                let (held, total, patience) = lock.withLock { (heldBytes(), record.totalLength, state.patience.values.max() ?? 0) }
+                let (held, total, patience, connections) = lock.withLock {
+                    (heldBytes(), record.totalLength, state.patience.values.max() ?? 0, state.activeConnections)
+                }
                 let speed = ticks.meter.add(time: now, bytes: transferred.load(ordering: .relaxed))
                 let stall = patience > 0 ? transport.stallTimeout(patience: patience) : nil
-                onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed, stallTimeout: stall)))
+                onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed, stallTimeout: stall,
+                                                             connections: connections)))
             }
             if now - ticks.lastCheckpoint >= options.checkpointInterval {
                 ticks.lastCheckpoint = now

@@ -113,6 +113,26 @@ public final class DirectoryHandle: Sendable {
         return FileDescriptor(rawValue: fd)
     }
 
+    /// The names in the directory (not `.` and `..`), at most `limit` of them, in no order.
+    func entries(limit: Int = 1_000_000) -> [String] {
+        let copy = dup(fd)
+        guard copy >= 0 else { return [] }
+        guard let dir = fdopendir(copy) else {
+            _ = systemClose(copy)
+            return []
+        }
+        defer { closedir(dir) }
+        rewinddir(dir)
+        var names: [String] = []
+        while names.count < limit, let entry = readdir(dir) {
+            let name = withUnsafePointer(to: &entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: MemoryLayout.size(ofValue: entry.pointee.d_name)) { String(cString: $0) }
+            }
+            if name != ".", name != ".." { names.append(name) }
+        }
+        return names
+    }
+
     /// What is at `name`, without following a symlink there; nil when nothing is.
     func status(_ name: String) -> stat? {
         var st = stat()

@@ -46,6 +46,9 @@ public final class HTTPClientTransport: Transport {
         /// Which requests go through which proxy (none by default; the CLI reads `--proxy` and the
         /// environment). Several connections per file work through a proxy too.
         public var proxies = ProxyRules()
+        /// Called with each request's head and each response's head as text (`-v`), numbered by
+        /// request, secrets redacted (see ``Trace``); nil: nothing is shown, and nothing costs.
+        public var trace: (@Sendable (String) -> Void)?
 
         /// Default options.
         public init() {}
@@ -75,6 +78,9 @@ public final class HTTPClientTransport: Transport {
     let stallTimeout: Double
     let maxStallTimeout: Double
     let isShutDown = ManagedAtomic(false)
+    let trace: (@Sendable (String) -> Void)?
+    /// Requests traced so far (their numbers).
+    let traced = ManagedAtomic(0)
 
     /// How long closing a TLS connection waits for the peer's close_notify (ours is sent first).
     static let tlsShutdownTimeout = TimeAmount.milliseconds(20)
@@ -124,6 +130,7 @@ public final class HTTPClientTransport: Transport {
         proxies = options.proxies
         loops = Array(direct.eventLoopGroup.makeIterator())
         headTimeout = Seconds.timeAmount(options.headTimeout)
+        trace = options.trace
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
         viaProxy = ProxyTransport(loops: loops, tls: tls, connectTimeout: options.connectTimeout, headTimeout: headTimeout,
                                   budget: budget, userAgent: options.userAgent)
@@ -211,6 +218,24 @@ public final class HTTPClientTransport: Transport {
     }
 
     public func fetch<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
+        guard let trace else { return try await send(request, into: sink) }
+        let n = traced.wrappingIncrementThenLoad(ordering: .relaxed)
+        let ftp = request.url.lowercased().hasPrefix("ftp")
+        trace(Trace.request(n, url: request.url, fields: ftp ? request.headers : headers(for: request).map { ($0.name, $0.value) }))
+        try await send(request, into: TracingSink(sink, number: n, trace: trace))
+    }
+
+    /// The header fields of `request`: ours, with the user's User-Agent or Accept replacing ours and
+    /// any other field added as given.
+    func headers(for request: FetchRequest) -> HTTPHeaders {
+        var headers = defaultHeaders
+        for (name, value) in request.headers {
+            if defaultHeaders.contains(name: name) { headers.replaceOrAdd(name: name, value: value) } else { headers.add(name: name, value: value) }
+        }
+        return headers
+    }
+
+    func send<Sink: ResponseSink>(_ request: FetchRequest, into sink: Sink) async throws {
         if let scheme = request.url.split(separator: ":", maxSplits: 1).first?.lowercased(), scheme == "ftp" || scheme == "ftps",
             let route = try Self.ftpRoute(request.url, secure: scheme == "ftps", proxies: proxies)
         {
@@ -225,11 +250,7 @@ public final class HTTPClientTransport: Transport {
             }
             return
         }
-        var headers = defaultHeaders
-        for (name, value) in request.headers {
-            // The user's User-Agent or Accept replaces ours; any other field is added as given.
-            if defaultHeaders.contains(name: name) { headers.replaceOrAdd(name: name, value: value) } else { headers.add(name: name, value: value) }
-        }
+        let headers = headers(for: request)
         do {
             // Checked first: AsyncHTTPClient traps on some URLs it parses (a port out of range).
             try DownloadURL.check(request.url)
