@@ -2,7 +2,7 @@ import SystemPackage
 
 /// Why a download stopped. Each case belongs to a ``PickupError/Category`` that the CLI turns
 /// into its exit code.
-public enum PickupError: Error, Sendable, CustomStringConvertible {
+public enum PickupError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The URL or an option is unusable.
     case invalidInput(String)
     /// The network failed and retries (which resume each time) ran out.

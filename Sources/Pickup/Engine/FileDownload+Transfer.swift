@@ -264,21 +264,26 @@ extension FileDownload {
     {
         var cursor = initial
         var conditional = initialConditional
-        var failuresInRow = 0  // attempts in a row with no progress anywhere: the give-up budget
-        var ownFailures = 0  // this connection's failures in a row: backoff and retirement
-        var redirects = 0
-        var triedOriginalAgain = false
-        var unresolved = 0
         var source = lock.withLock { state.sources.source(of: id) ?? 0 }
         var several = lock.withLock { state.sources.several }
         var url = lock.withLock { state.sources.url(source) }
-        let retireAfter = 3
+        // "Progress" is more bytes held than ever before in this run, on any connection, since this
+        // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
+        // bytes that replace held ones (a 200 cut short, again and again) are not progress.
+        var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects),
+                              held: lock.withLock { state.heldAtMost(heldBytes()) })
+        /// What the run says now, for the attempt's decisions (`held`: measured by the caller).
+        func facts(held: Int64) -> Attempt.Facts {
+            lock.withLock {
+                Attempt.Facts(held: held, othersFetching: state.activeConnections > 1, several: several, heldConfirmed: state.heldConfirmed)
+            }
+        }
         /// Goes on with source `to` (another mirror): its URL, its own redirects and failures.
         func move(to: Int) {
             source = to
             conditional = nil  // a finished file's validators are one source's
             url = lock.withLock { state.sources.url(to) }
-            (redirects, ownFailures, triedOriginalAgain, unresolved) = (0, 0, false, 0)
+            attempt.moved()
         }
         /// Goes on with the best source with room; false when none has room (the connection leaves).
         func moveOn() -> Bool {
@@ -286,10 +291,6 @@ extension FileDownload {
             move(to: to)
             return true
         }
-        // "Progress" is more bytes held than ever before in this run, on any connection, since this
-        // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
-        // bytes that replace held ones (a 200 cut short, again and again) are not progress.
-        var sinceLastFailure = lock.withLock { state.heldAtMost(heldBytes()) }
         while true {
             try Task.checkCancellation()
             // (Mirrors named by the first answer make several sources of one.)
@@ -332,9 +333,7 @@ extension FileDownload {
                                               conditional: conditional?.1.validators) + userFields(for: url, source: source)
             let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url, connection: id,
                                   source: source)
-            var failure: String? = nil
-            var retryAfter: Int64? = nil
-            var busy = false
+            var failure: Attempt.Failure? = nil
             let began = Clock.monotonic()
             // However the attempt ends (done, split, failed, cancelled): what its source wrote and how fast.
             let asked = source
@@ -369,39 +368,27 @@ extension FileDownload {
                 // The head said all there is to know (an unchanged file sent again, or a range
                 // dropped when another response replaced every held byte): decided below.
             } catch let e as TransportError {
-                switch e {
-                case .fatal, .protocolViolation, .refused: throw e.failure
-                case .transient(let m): failure = m
-                case .busy(let m):
-                    // The server's limit on sessions: one connection fewer, unless it is the last.
-                    if !several, retire(id, because: m) { return .retired }
-                    failure = m
-                    busy = true
-                case .stalled:
-                    failure = e.message
+                var stalled: String?
+                if case .stalled = e {
                     // Slow to start (an archive built on the fly, cold storage) or slow again: the
                     // next attempt waits longer (doubling, up to the transport's bound).
                     let patience = lock.withLock { state.stalled(id, beforeBody: !sink.gotBody) }
                     if patience > 0, let wait = transport.stallTimeout(patience: patience) {
-                        failure = "\(e.message); waiting up to \(TransportError.seconds(wait)) next time"
+                        stalled = "\(e.message); waiting up to \(TransportError.seconds(wait)) next time"
                     }
-                case .proxyRefused(let status, _):
-                    // The proxy's own answer: its 5xx (it cannot reach the server) is retried, its
-                    // refusals are not.
-                    guard status >= 500 else { throw e.failure }
-                    failure = e.message
-                case .unresolved(let host):
-                    // A name that does not resolve rarely starts to: two more tries, then say so.
-                    unresolved += 1
-                    guard unresolved <= 2 else { throw PickupError.network("cannot resolve \(host)") }
-                    failure = "cannot resolve \(host)"
+                }
+                switch attempt.classify(e, connection: id, facts: facts(held: 0), stalled: stalled) {
+                case .failure(let f): failure = f
+                case .leave(let notice):
+                    onEvent(.notice(notice))
+                    return .retired
+                case .fail(let error): throw error
                 }
             }
             cursor = sink.cursor
             if lock.withLock({ state.isStopped(id) }) { return .retired }
             let now = lock.withLock { state.heldAtMost(heldBytes()) }
-            let progressed = now > sinceLastFailure
-            if sink.decision?.writes == true, cursor.position.load(ordering: .relaxed) > offset { ownFailures = 0 }
+            if sink.decision?.writes == true, cursor.position.load(ordering: .relaxed) > offset { attempt.wrote() }
             switch sink.decision {
             case nil:
                 break
@@ -416,7 +403,7 @@ extension FileDownload {
                         continue
                     }
                     if limit != .max, pos < limit {
-                        failure = "the response ended after \(ByteCount.format(pos)) of \(ByteCount.format(limit))"
+                        failure = Attempt.Failure(message: "the response ended after \(ByteCount.format(pos)) of \(ByteCount.format(limit))")
                     } else {
                         if limit == .max { lock.withLock { completeUnknownLength(cursor) } }
                         return .done
@@ -443,22 +430,16 @@ extension FileDownload {
                 }
                 throw RepresentationChanged(reason: why)
             case .redirect(let location)?:
-                redirects += 1
-                guard redirects <= options.maxRedirects else {
-                    throw PickupError.server(status: nil, "more than \(options.maxRedirects) redirects")
-                }
+                if let tooMany = attempt.redirected() { throw tooMany }
                 url = try resolveRedirect(location, from: url)
                 // Further requests to this source start there (one source: the first connection's say).
                 if several || id == 0 { lock.withLock { state.onSources { $0.redirected(source, to: url) } } }
                 continue
             case .retry(let after, let why)?:
-                failure = why
-                retryAfter = after
-                busy = sink.status == 503 || sink.status == 429
+                failure = Attempt.Failure(message: why, busy: sink.status == 503 || sink.status == 429, retryAfter: after)
             case .fail(let status, let why)?:
                 let given = lock.withLock { state.sources.sources[source].url }
-                if [403, 404, 410].contains(status), url != given, !triedOriginalAgain {
-                    triedOriginalAgain = true
+                if attempt.askGivenURLAgain(status: status, redirectedAway: url != given) {
                     url = given
                     continue
                 }
@@ -471,55 +452,46 @@ extension FileDownload {
                 throw PickupError.refused(url, status: status, why: why)
             }
             guard let failure else { continue }
-            failuresInRow = progressed ? 1 : failuresInRow + 1
-            ownFailures += 1
-            sinceLastFailure = now
-            // Several sources: a busy one (503, too many connections) takes no more, a failing one
-            // is left for another with room, and one that keeps failing is retired.
-            // (Until the held bytes are confirmed, the source that can confirm them is retried in place.)
-            if several, failuresInRow <= options.retry.maxAttemptsWithoutProgress, lock.withLock({ state.heldConfirmed }) {
-                // One that asks for a longer wait than we give is not waited for while others serve.
-                let tooLong = retryAfter.map { Double($0) > options.retry.maxRetryAfter } ?? false
-                let (next, notice) = lock.withLock { () -> (SourceSet.Next, String?) in
+            var next = attempt.failed(failure, connection: id, facts: facts(held: now), jitter: Double.random(in: 0...1))
+            if case .askSources(let f, let tooLong) = next {
+                // Several sources: a busy one (503, too many connections) takes no more, a failing
+                // one is left for another with room, and one that keeps failing is retired.
+                let (answer, notice) = lock.withLock { () -> (SourceSet.Next, String?) in
                     let others = state.activeConnections > 1
                     return state.onSources { s in
-                        if tooLong, let retired = s.retire(source, moving: id, why: "\(failure); it asks to retry after \(retryAfter ?? 0) s") {
+                        if tooLong, let retired = s.retire(source, moving: id, why: "\(f.message); it asks to retry after \(f.retryAfter ?? 0) s") {
                             return retired
                         }
-                        guard busy else { return s.failed(source, connection: id, why: failure) }
+                        guard f.busy else { return s.failed(source, connection: id, why: f.message) }
                         // A busy answer says how many it takes: said once per change, not per connection.
                         let cap = s.sources[source].cap
-                        let (next, retired) = s.busy(source, connection: id, othersFetching: others, why: failure)
+                        let (next, retired) = s.busy(source, connection: id, othersFetching: others, why: f.message)
                         return (next, retired ?? (s.sources[source].cap < cap ? s.capNotice(source) : nil))
                     }
                 }
                 if let notice { onEvent(.notice(notice)) }
-                switch next {
-                case .retry: break
+                switch answer {
+                case .retry:
+                    next = attempt.afterSources(f, connection: id, facts: facts(held: now), jitter: Double.random(in: 0...1))
                 case .moveTo(let to):
                     move(to: to)
                     continue
                 case .leave:
-                    if !busy { onEvent(.notice("connection \(id + 1) retired: \(failure)")) }
+                    if !f.busy { onEvent(.notice(Attempt.retired(id, f.message))) }
                     return .retired
                 }
             }
-            if ownFailures > retireAfter, retire(id, because: "\(ownFailures) failures in a row: \(failure)") {
+            switch next {
+            case .askSources: continue  // (answered above)
+            case .leave(let notice):
+                onEvent(.notice(notice))
                 return .retired
+            case .fail(let error): throw error
+            case .backOff(let delay, let notice):
+                checkpointSoon()
+                onEvent(.notice(notice))
+                try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay))
             }
-            guard failuresInRow <= options.retry.maxAttemptsWithoutProgress,
-                let delay = options.retry.delay(failuresInRow: min(ownFailures, options.retry.maxAttemptsWithoutProgress),
-                                                retryAfter: retryAfter, jitter: Double.random(in: 0...1))
-            else {
-                if retire(id, because: failure) { return .retired }
-                if let retryAfter, Double(retryAfter) > options.retry.maxRetryAfter {
-                    throw PickupError.server(status: 503, "\(failure); the server asks to retry after \(retryAfter) s")
-                }
-                throw PickupError.network("\(failure) (gave up after \(failuresInRow) attempts without progress)")
-            }
-            checkpointSoon()
-            onEvent(.notice("\(failure); retrying in \(String(format: "%.1f", delay)) s"))
-            try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay))
         }
     }
 

@@ -67,8 +67,9 @@ final class StreamRun: @unchecked Sendable {
         let started = Clock.monotonic()
         let stall = transport.stallTimeout(patience: 0) ?? 15
         var url = request.url
-        var redirects = 0, failuresInRow = 0, unresolved = 0
-        var sentAtFailure: Int64 = 0
+        // One connection, one source: the same retry policy as a file's ranges (``Attempt``).
+        var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects), held: 0)
+        let alone = Attempt.Facts(held: 0, othersFetching: false)
         while true {
             if Task.isCancelled { throw .interrupted }
             // Going on where a connection dropped needs a strong validator (If-Range): without
@@ -84,29 +85,24 @@ final class StreamRun: @unchecked Sendable {
                  RequestContext(offset: sent, validators: validators, totalLength: total))
             }
             let sink = StreamSink(run: self, url: url, context: context)
-            var failure: String
-            var retryAfter: Int64? = nil
+            var failure: Attempt.Failure
             do {
                 try await transport.fetch(FetchRequest(url: url, headers: headers), into: sink)
                 // A body without a length ends with its connection.
                 if sink.expectedEnd == nil, sink.taken { return try await finish(started: started, stall: stall) }
-                failure = "the response ended early"
+                failure = Attempt.Failure(message: "the response ended early")
             } catch let e as PickupError {
                 throw e
             } catch is CancellationError {
                 throw .interrupted
             } catch let e as TransportError {
-                switch e {
-                case .fatal, .protocolViolation, .refused: throw e.failure
-                case .proxyRefused(let status, _) where status < 500: throw e.failure
-                case .unresolved:
-                    unresolved += 1
-                    if unresolved > 2 { throw e.failure }
-                case .transient, .stalled, .busy, .proxyRefused: break
+                switch attempt.classify(e, connection: 0, facts: alone) {
+                case .failure(let f): failure = f
+                case .fail(let error): throw error
+                case .leave: throw e.failure  // (never alone)
                 }
-                failure = e.message
             } catch is StreamHeadSaid {
-                failure = ""  // decided below, from the head
+                failure = Attempt.Failure(message: "")  // decided below, from the head
             } catch {
                 throw .network("\(error)")
             }
@@ -116,13 +112,11 @@ final class StreamRun: @unchecked Sendable {
             case .append?, .replace?:
                 if sink.ended { return try await finish(started: started, stall: stall) }
             case .redirect(let location)?:
-                redirects += 1
-                guard redirects <= options.maxRedirects else { throw .server(status: nil, "more than \(options.maxRedirects) redirects") }
+                if let tooMany = attempt.redirected() { throw tooMany }
                 url = try FileDownload.resolveRedirect(location, from: url, allowInsecure: options.allowInsecureRedirects)
                 continue
             case .retry(let after, let why)?:
-                failure = why
-                retryAfter = after
+                failure = Attempt.Failure(message: why, retryAfter: after)
             case .fail(let status, let why)?:
                 throw PickupError.refused(url, status: status, why: why)
             case .startOver(let why)?:
@@ -131,13 +125,16 @@ final class StreamRun: @unchecked Sendable {
                 break
             }
             let now = lock.withLock { sent }
-            failuresInRow = now > sentAtFailure ? 1 : failuresInRow + 1
-            sentAtFailure = now
-            guard failuresInRow <= options.retry.maxAttemptsWithoutProgress,
-                let delay = options.retry.delay(failuresInRow: failuresInRow, retryAfter: retryAfter, jitter: Double.random(in: 0...1))
-            else { throw .network("\(failure) (gave up after \(failuresInRow) attempts without progress)") }
-            onEvent(.notice("\(failure); retrying in \(String(format: "%.1f", delay)) s"))
-            do { try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay)) } catch { throw .interrupted }
+            if now > attempt.heldAtLastFailure { attempt.wrote() }
+            var facts = alone
+            facts.held = now
+            switch attempt.failed(failure, connection: 0, facts: facts, jitter: Double.random(in: 0...1)) {
+            case .backOff(let delay, let notice):
+                onEvent(.notice(notice))
+                do { try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay)) } catch { throw .interrupted }
+            case .fail(let error): throw error
+            case .leave, .askSources: throw .network(failure.message)  // (never alone, never several)
+            }
         }
     }
 
