@@ -39,6 +39,66 @@ import TestServer
         await f.close()
     }
 
+    /// Suspended, the manager holds no lock, as another process sees it (iOS ends a suspended app
+    /// that holds a file lock in a shared container): not the state directory's, not SQLite's, not
+    /// a partial file's. Calls meanwhile still work; a start takes everything back, or says it
+    /// cannot while another holds the state directory.
+    @Test func aSuspendedManagerHoldsNoLockAndStartTakesThemBack() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(2, size: 2_000_000, rate: 300_000)
+        let m = try f.manager(limit: 1)
+        let first = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        await m.waitUntil { ($0[first]?.progress.bytesDone ?? 0) > 100_000 }
+        await m.suspend()
+        // Added while suspended: kept (the database is opened for the call).
+        let second = try await m.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path))
+        let script = """
+            import fcntl, glob, sqlite3, sys
+            state, downloads = sys.argv[1], sys.argv[2]
+            for path in [state + "/manager.lock"] + glob.glob(downloads + "/.*.pickup-part") + glob.glob(downloads + "/*.pickup-part"):
+                with open(path, "rb+") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    print("free", path.rsplit("/", 1)[-1])
+            db = sqlite3.connect(state + "/manager.sqlite", timeout=0)
+            db.execute("BEGIN EXCLUSIVE")
+            print("free manager.sqlite", db.execute("SELECT count(*) FROM download").fetchone()[0])
+            db.rollback()
+            """
+        let (status, out) = try await CLI.offPool { () throws -> (Int32, String) in
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            p.arguments = ["-c", script, f.state.path.string, f.dir.path.string]
+            let pipe = Pipe()
+            p.standardOutput = pipe
+            p.standardError = pipe
+            try p.runWithSignalsUnblocked()
+            CLI.bound(p)
+            let data = pipe.fileHandleForReading.readDataToEndOfFile()
+            p.waitUntilExit()
+            return (p.terminationStatus, String(decoding: data, as: UTF8.self))
+        }
+        #expect(status == 0, "another process found a lock held: \(out)")
+        #expect(out.contains("free manager.lock") && out.contains("pickup-part") && out.contains("free manager.sqlite 2"), "\(out)")
+        // Another holder of the state directory: start says no, and nothing starts.
+        let holder = open(f.state.file("manager.lock").string, O_RDWR | O_CLOEXEC)
+        #expect(flock(holder, LOCK_EX | LOCK_NB) == 0)
+        #expect(await m.start() == false)
+        #expect(await m.downloads().allSatisfy { $0.state != .running })
+        close(holder)
+        #expect(await m.start())
+        await m.waitUntilAll(.completed)
+        for (i, body) in bodies.enumerated() {
+            let same = f.dir.read("\(i).bin") == body
+            #expect(same, "\(i).bin")
+        }
+        await m.shutdown()
+        // Both kept across a restart.
+        let again = try f.manager()
+        #expect(Set(await again.downloads().map(\.id)) == [first, second])
+        await again.shutdown()
+        await f.close()
+    }
+
     @Test func outcomeWaitsForTheEndOfOneDownload() async throws {
         let f = try await ManagerFixture()
         let bodies = f.serveFiles(1, size: 50_000)

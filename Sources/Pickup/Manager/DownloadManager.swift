@@ -94,7 +94,10 @@ public actor DownloadManager {
 
     let configuration: Configuration
     let store: ManagerStore
-    let lockFile: PartialFile
+    /// The state directory's lock (`manager.lock`); nil while suspended (see ``suspend()``).
+    var lockFile: PartialFile?
+    /// A suspension's release of the lock and the database, while it runs.
+    var releasing: Task<Void, Never>?
     /// The engine new transfers run on (replaced by ``setProxies(_:)``); a replaced one is shut
     /// down once the transfers on it have ended (or with the manager).
     var downloader: Downloader
@@ -209,16 +212,48 @@ public actor DownloadManager {
         }
     }
 
-    /// Starts downloads, when the configuration said not to at once, or again after ``suspend()``.
-    public func start() {
+    /// Starts downloads, when the configuration said not to at once, or again after ``suspend()``
+    /// (taking back the state directory's lock and database first).
+    /// - Returns: false, and nothing starts, when another process took the state directory while
+    ///   this manager was suspended.
+    @discardableResult
+    public func start() async -> Bool {
+        guard !isShutDown else { return false }
+        // A suspension releasing the files finishes first (its close must not follow our open).
+        await releasing?.value
+        if lockFile == nil {
+            let (dir, store) = (configuration.stateDirectory, store)
+            let lock = try? await BlockingIO.run { () -> PartialFile? in
+                let lock = try PartialFile(path: dir.appending("manager.lock"))
+                guard lock.lock(within: 1) else {
+                    lock.close()
+                    return nil
+                }
+                do { try store.resume() } catch {
+                    lock.close()
+                    return nil
+                }
+                return lock
+            }
+            // (Another start, or a shutdown, may have come meanwhile.)
+            guard let lock, lockFile == nil, !isShutDown else {
+                if lockFile == nil { lock?.close() }
+                return lockFile != nil && !isShutDown
+            }
+            lockFile = lock
+        }
         started = true
         schedule()
+        return true
     }
 
     /// Stops every transfer, each after a checkpoint, and starts none until ``start()``: what an
     /// app does when it goes to the background (call `start()` when it comes back). The downloads
     /// that were running wait in their places in the queue and resume from their checkpoints;
-    /// nothing else changes. Returns once every transfer has ended.
+    /// nothing else changes. Returns once every transfer has ended and every lock is released:
+    /// the partial files' (their runs have ended), the state directory's and the database's
+    /// (iOS ends a suspended app that holds a file lock in a shared container). Calls meanwhile
+    /// (add, pause, remove) still work: the database is opened for each and closed after.
     public func suspend() async {
         started = false
         let runs = running
@@ -227,6 +262,18 @@ public actor DownloadManager {
             moveTo(id, .waiting)
         }
         for run in runs.values { await run.task.value }
+        // Not if a start came while the transfers ended.
+        guard !started, !isShutDown, let lock = lockFile else { return }
+        lockFile = nil
+        let store = store
+        let release = Task {
+            _ = try? await BlockingIO.run {
+                store.suspend()
+                lock.close()
+            }
+        }
+        releasing = release
+        await release.value
     }
 
     /// Stops every transfer (each checkpoints first), saves the queue, and releases the state
@@ -251,7 +298,8 @@ public actor DownloadManager {
         for o in observers.values { o.end() }
         observers = [:]
         store.close()
-        lockFile.close()
+        lockFile?.close()
+        lockFile = nil
     }
 
     // MARK: - Adding

@@ -104,14 +104,28 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
 /// latest version waits in `pending` until the next write, which saves all of them in one
 /// transaction. ``close()`` writes what is pending. Inserts, deletes and reads stay synchronous:
 /// they are rare, and their callers need their results.
+///
+/// Suspended (``suspend()``: an app in the background), the connection is closed, so that no
+/// file lock is held (iOS ends a suspended app that holds one in a shared container); a read or
+/// write meanwhile opens the database for that call alone.
 final class ManagerStore: @unchecked Sendable {
-    let db: DatabaseQueue
+    let path: String
+    private let dbLock = NIOLock()
+    // Guarded by `dbLock`: the open connection (nil while suspended, or once closed), and whether
+    // the store is closed for good (then nothing opens it again).
+    private var db: DatabaseQueue?
+    private var closed = false
     private let pendingLock = NIOLock()
     // Guarded by `pendingLock`.
     private var pending: [Int64: DownloadRow] = [:]
     private var flushQueued = false
 
     init(directory: FilePath) throws {
+        path = directory.appending("manager.sqlite").string
+        db = try Self.open(path)
+    }
+
+    static func open(_ path: String) throws -> DatabaseQueue {
         var config = Configuration()
         config.label = "pickup.manager"
         config.prepareDatabase { db in
@@ -120,11 +134,40 @@ final class ManagerStore: @unchecked Sendable {
             try db.execute(sql: "PRAGMA journal_mode = WAL")
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
         }
-        let path = directory.appending("manager.sqlite").string
-        db = try DatabaseQueue(path: path, configuration: config)
+        let db = try DatabaseQueue(path: path, configuration: config)
         // It may hold request headers and cookies: the owner's alone.
         for file in [path, path + "-wal", path + "-journal"] { _ = chmod(file, 0o600) }
         try Self.migrator.migrate(db)
+        return db
+    }
+
+    /// Runs `body` on the connection; while suspended, on one opened for this call and closed after.
+    private func withDatabase<T>(_ body: (DatabaseQueue) throws -> T) throws -> T {
+        try dbLock.withLock {
+            if let db { return try body(db) }
+            guard !closed else { throw DatabaseError(resultCode: .SQLITE_MISUSE, message: "the manager's store is closed") }
+            let once = try Self.open(path)
+            defer { try? once.close() }
+            return try body(once)
+        }
+    }
+
+    /// Writes what is pending and closes the connection, releasing its locks, until ``resume()``.
+    /// Blocking: on the blocking-I/O pool.
+    func suspend() {
+        try? flush()
+        dbLock.withLock {
+            try? db?.close()
+            db = nil
+        }
+    }
+
+    /// Opens the connection again after ``suspend()``. Blocking: on the blocking-I/O pool.
+    func resume() throws {
+        try dbLock.withLock {
+            guard db == nil, !closed else { return }
+            db = try Self.open(path)
+        }
     }
 
     static var migrator: DatabaseMigrator {
@@ -165,16 +208,18 @@ final class ManagerStore: @unchecked Sendable {
     }
 
     func all() throws -> [DownloadRow] {
-        try db.read { try DownloadRow.order(Column("id")).fetchAll($0) }
+        try withDatabase { try $0.read { try DownloadRow.order(Column("id")).fetchAll($0) } }
     }
 
     /// Inserts new rows in one transaction; returns them with their ids.
     func insert(_ rows: [DownloadRow]) throws -> [DownloadRow] {
-        try db.write { db in
-            try rows.map { row in
-                var r = row
-                try r.insert(db)
-                return r
+        try withDatabase { queue in
+            try queue.write { db in
+                try rows.map { row in
+                    var r = row
+                    try r.insert(db)
+                    return r
+                }
             }
         }
     }
@@ -203,30 +248,39 @@ final class ManagerStore: @unchecked Sendable {
 
     /// Saves rows (one statement, prepared once per connection).
     func write(_ rows: [DownloadRow]) throws {
-        try db.write { db in
-            let statement = try db.cachedStatement(sql: """
-                UPDATE download SET priority = ?, place = ?, state = ?, checksum = ?, overwrite = ?, speedLimit = ?,
-                finalPath = ?, bytesDone = ?, totalBytes = ?, failureCategory = ?, failureReason = ?, finishedAt = ?
-                WHERE id = ?
-                """)
-            for r in rows {
-                try statement.execute(arguments: [
-                    r.priority, r.place, r.state, r.checksum, r.overwrite, r.speedLimit, r.finalPath, r.bytesDone,
-                    r.totalBytes, r.failureCategory, r.failureReason, r.finishedAt, r.id,
-                ])
+        try withDatabase { queue in
+            try queue.write { db in
+                let statement = try db.cachedStatement(sql: """
+                    UPDATE download SET priority = ?, place = ?, state = ?, checksum = ?, overwrite = ?, speedLimit = ?,
+                    finalPath = ?, bytesDone = ?, totalBytes = ?, failureCategory = ?, failureReason = ?, finishedAt = ?
+                    WHERE id = ?
+                    """)
+                for r in rows {
+                    try statement.execute(arguments: [
+                        r.priority, r.place, r.state, r.checksum, r.overwrite, r.speedLimit, r.finalPath, r.bytesDone,
+                        r.totalBytes, r.failureCategory, r.failureReason, r.finishedAt, r.id,
+                    ])
+                }
             }
         }
     }
 
     func delete(_ ids: [DownloadID]) throws {
         pendingLock.withLock { for id in ids { pending[id.rawValue] = nil } }
-        _ = try db.write { db in
-            try DownloadRow.deleteAll(db, keys: ids.map(\.rawValue))
+        _ = try withDatabase { queue in
+            try queue.write { db in
+                try DownloadRow.deleteAll(db, keys: ids.map(\.rawValue))
+            }
         }
     }
 
+    /// Writes what is pending and closes the connection for good.
     func close() {
         try? flush()
-        try? db.close()
+        dbLock.withLock {
+            try? db?.close()
+            db = nil
+            closed = true
+        }
     }
 }
