@@ -432,3 +432,32 @@ struct NoTransport: Transport {
     }
     func shutdown() async {}
 }
+
+/// `DownloadOptions.cursorFile` off: no mapped file beside the partial one, and a resume still
+/// byte-exact from the checkpoints.
+@Suite struct CursorFileOptionTests {
+    @Test func withoutTheCursorFileNothingIsMappedAndResumesStillWork() async throws {
+        let body = Resource.bytes(count: 3 * 1024 * 1024 + 5, seed: 61)
+        for keep in [true, false] {
+            let server = try await TestServer.start()
+            defer { Task { await server.stop() } }
+            server.set("/c.bin", Resource(body: body, faults: [.dropAfter(1_500_000), .status(503, [:])]))
+            let state = TempDir(), dir = TempDir()
+            var options = testOptions(state: state.path, retries: 1)
+            options.cursorFile = keep
+            let first = Downloader(options: options, transport: testTransport())
+            let request = DownloadRequest(url: server.url("/c.bin"), destination: .directory(dir.path))
+            await #expect(throws: PickupError.self) { try await first.download(request) }
+            await first.shutdown()
+            #expect(dir.entries.contains { $0.hasSuffix(".pickup-pos") } == keep, "cursor file \(keep): \(dir.entries)")
+            #expect(dir.entries.contains { $0.hasSuffix(".pickup-ctl") }, "\(dir.entries)")
+            let second = Downloader(options: options, transport: testTransport())
+            let r = try await second.download(request)
+            await second.shutdown()
+            #expect(r.resumedFrom > 0, "resumed from the checkpoints")
+            let same = dir.read("c.bin") == body
+            #expect(same)
+            #expect(dir.entries == ["c.bin"])
+        }
+    }
+}

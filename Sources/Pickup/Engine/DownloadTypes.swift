@@ -84,6 +84,11 @@ public struct DownloadRequest: Sendable {
 public struct DownloadOptions: Sendable {
     /// How often durable progress is recorded, in seconds: the most a kill -9 can cost.
     public var checkpointInterval: Double = 1
+    /// A mapped cursor file beside each download over 1 MiB (`NAME.pickup-pos`), where every
+    /// connection's position is kept as it writes: after a kill in the same boot almost nothing is
+    /// fetched again. Off: no mapping and one file fewer; a kill costs up to
+    /// ``checkpointInterval`` of transfer.
+    public var cursorFile = true
     /// How often progress is reported, in seconds.
     public var progressInterval: Double = 0.1
     /// Retry and backoff.

@@ -9,18 +9,20 @@ extension FileDownload {
         switch action {
         case .none:
             return
+        // A checkpoint needs its data on disk before the record that claims it, not the drive's
+        // cache flushed: barrier fsyncs on Apple platforms (the finish flushes in full).
         case .store(let record, let version, let durable):
-            try ControlFile.store(record, as: controlName, in: dir, durable: durable)
+            try ControlFile.store(record, as: controlName, in: dir, durable: durable, barrier: true)
             lock.withLock { state.stored(record, version: version) }
         case .syncAndStore(let record, let version):
             if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
             do {
-                try file?.sync()
+                try file?.sync(barrier: true)
             } catch {
                 syncFailure.withLockedValue { $0 = $0 ?? error }
                 throw error
             }
-            try ControlFile.store(record, as: controlName, in: dir, durable: true)
+            try ControlFile.store(record, as: controlName, in: dir, durable: true, barrier: true)
             lock.withLock { state.stored(record, version: version) }
         }
     }
@@ -121,7 +123,7 @@ extension FileDownload {
     /// ``Checkpoints/smallFile``); resumed downloads map it when they start. On the response's
     /// event loop, before its body is written, not with `lock` held.
     func mapCursorsIfLarge(total: Int64?) {
-        guard (total ?? .max) > Checkpoints.smallFile, lock.withLock({ cursorFile == nil }) else { return }
+        guard options.cursorFile, (total ?? .max) > Checkpoints.smallFile, lock.withLock({ cursorFile == nil }) else { return }
         guard let mapped = CursorFile.open(cursorName, in: dir) else { return }
         mapped.reset(epoch: lock.withLock { record.epoch ?? 0 })
         lock.withLock { if cursorFile == nil { cursorFile = mapped } }

@@ -292,7 +292,7 @@ final class FileDownload: @unchecked Sendable {
     func loadControlFile(_ file: PartialFile) throws -> Bool {
         let record = ControlFile.load(controlName, in: dir)
         // The cursor file is opened (and so kept) only for a download with a control file.
-        let mapped = record == nil ? nil : CursorFile.open(cursorName, in: dir)
+        let mapped = record == nil || !options.cursorFile ? nil : CursorFile.open(cursorName, in: dir)
         let found = Recovery.Found(record: record, controlExists: record != nil || dir.exists(controlName),
                                    partialSize: (try? file.size()) ?? 0,
                                    written: record?.epoch.flatMap { mapped?.recovered(epoch: $0) })

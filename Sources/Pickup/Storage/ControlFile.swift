@@ -134,11 +134,12 @@ public enum ControlFile {
 
     /// Replaces the control file atomically; `durable`: and durably (fsync of the file and the
     /// directory). A record that claims no bytes needs no fsync.
+    /// `barrier`: its fsyncs order rather than flush (a periodic checkpoint on Apple platforms).
     static func store(_ record: ControlRecord, as name: String, in directory: DirectoryHandle,
-                      durable: Bool = true) throws(PickupError) {
+                      durable: Bool = true, barrier: Bool = false) throws(PickupError) {
         let bytes = encode(record)
         do {
-            try replace(bytes, as: name, in: directory, durable: durable)
+            try replace(bytes, as: name, in: directory, durable: durable, barrier: barrier)
         } catch {
             guard case .fileSystem(_, .noSpace) = error else { throw error }
             try overwriteInPlace(bytes, as: name, in: directory, original: error)
@@ -148,9 +149,10 @@ public enum ControlFile {
     /// A new temp file (never through a symlink: any entry at its name is removed first and the
     /// file is created exclusively), fsync, rename over the control file, fsync of the directory
     /// (without the fsyncs unless `durable`).
-    static func replace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle, durable: Bool = true) throws(PickupError) {
+    static func replace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle, durable: Bool = true,
+                        barrier: Bool = false) throws(PickupError) {
         do { try TestFaults.check(.store) } catch { throw .fileSystem(directory.pathOf(name).string, error) }
-        try directory.replaceFile(name, with: bytes, durable: durable)
+        try directory.replaceFile(name, with: bytes, durable: durable, barrier: barrier)
     }
 
     /// The disk is full: rewrite the existing file within its own blocks, if it is large enough.

@@ -195,25 +195,26 @@ public final class DirectoryHandle: Sendable {
     /// Replaces the file `name` whole: a new temp file (never through a symlink: any entry at its
     /// name is removed first and the file is created exclusively, mode 0600), fsync, rename over
     /// `name`, fsync of the directory (without the fsyncs unless `durable`). Blocking calls.
-    package func replaceFile(_ name: String, with bytes: [UInt8], durable: Bool = true) throws(PickupError) {
+    /// `barrier`: the fsyncs order rather than flush (see ``FS/fsync(_:barrier:)``).
+    package func replaceFile(_ name: String, with bytes: [UInt8], durable: Bool = true, barrier: Bool = false) throws(PickupError) {
         let tmp = name + ".tmp"
         remove(tmp)
         let fd = try openFile(tmp, write: true, create: true, exclusive: true, mode: 0o600)
         do {
             defer { try? fd.close() }
             _ = try fd.writeAll(bytes)
-            if durable { try FS.fsync(fd) }
+            if durable { try FS.fsync(fd, barrier: barrier) }
         } catch {
             remove(tmp)
             throw .io(pathOf(tmp).string, error)
         }
         try rename(tmp, to: name)
-        if durable { sync() }
+        if durable { sync(barrier: barrier) }
     }
 
     /// Makes the directory's entries (creates, renames, unlinks) durable.
-    func sync() {
-        try? FS.fsync(FileDescriptor(rawValue: fd))
+    func sync(barrier: Bool = false) {
+        try? FS.fsync(FileDescriptor(rawValue: fd), barrier: barrier)
     }
 }
 
