@@ -47,7 +47,9 @@ let package = Package(
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "X509", package: "swift-certificates"),
-            ]
+            ],
+            // Apple's privacy manifest (required-reason APIs: file timestamps), in the target's bundle.
+            resources: [.copy("PrivacyInfo.xcprivacy")]
         ),
         .target(
             name: "PickupDaemon",
