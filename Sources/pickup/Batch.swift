@@ -123,7 +123,7 @@ struct Batch {
         let manager: DownloadManager
         let ids: [DownloadID]
         do {
-            manager = try DownloadManager(configuration: config)
+            manager = try await DownloadManager.open(configuration: config)
             ids = try await manager.add(try list.entries.map { e in
                 // A document from the network names the hosts: the user's secrets (`-H`, `-u`, netrc's
                 // for the URL's host) go to the URL's origin only, and `-b` cookies are bound to it.

@@ -99,6 +99,23 @@ import TestServer
         await f.close()
     }
 
+    /// `open(configuration:)` restores a manager off the caller's thread, with init's errors.
+    @MainActor @Test func openRestoresOffTheCallersThreadWithInitsErrors() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(1, size: 100_000)
+        let m = try await DownloadManager.open(configuration: f.configuration())
+        let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+        #expect(await m.outcome(of: id)?.state == .completed)
+        await #expect(throws: PickupError.stateInUse(f.state.path.string)) { try await DownloadManager.open(configuration: f.configuration()) }
+        await m.shutdown()
+        let again = try await DownloadManager.open(configuration: f.configuration())
+        #expect(await again.downloads().map(\.id) == [id])
+        let same = f.dir.read("0.bin") == bodies[0]
+        #expect(same)
+        await again.shutdown()
+        await f.close()
+    }
+
     @Test func outcomeWaitsForTheEndOfOneDownload() async throws {
         let f = try await ManagerFixture()
         let bodies = f.serveFiles(1, size: 50_000)

@@ -138,7 +138,9 @@ public actor DownloadManager {
 
     // MARK: - Life
 
-    /// Opens (or creates) the state directory, takes its lock, and restores every download:
+    /// Opens (or creates) the state directory, takes its lock, and restores every download (blocking
+    /// file and database reads on the calling thread: from a task or the main thread, prefer
+    /// ``open(configuration:)``):
     /// those that were running or waiting wait to start (and start at once with ``Configuration/autoStart``),
     /// paused ones stay paused, finished ones keep their result.
     /// - Throws: ``PickupError/stateInUse(_:)`` when another process drives this state directory;
@@ -209,6 +211,20 @@ public actor DownloadManager {
         if !held.isEmpty { store.update(held) }
         if configuration.autoStart {
             Task { await self.schedule() }
+        }
+    }
+
+    /// A manager, opened off the caller's thread: the state directory's lock, the database and every
+    /// control file are read on the blocking-I/O pool (``init(configuration:)`` does that on the
+    /// calling thread). What an app calls at launch, from its main actor or any task.
+    /// - Throws: as ``init(configuration:)``.
+    public static func open(configuration: Configuration) async throws(PickupError) -> DownloadManager {
+        do {
+            return try await BlockingIO.run { try DownloadManager(configuration: configuration) }
+        } catch let error as PickupError {
+            throw error
+        } catch {
+            throw .fileSystem(configuration.stateDirectory.string, .ioError)
         }
     }
 
