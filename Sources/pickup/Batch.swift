@@ -70,9 +70,10 @@ struct Batch {
                 throw fail("\(inputFile): \(error)", Exit.usage)
             }
         } else {
-            let text = fromStandardInput ? String(data: FileHandle.standardInput.readDataToEndOfFile(), encoding: .utf8)
-                : try? String(contentsOfFile: inputFile, encoding: .utf8)
-            guard let text else { throw fail("cannot read " + (fromStandardInput ? "standard input" : "the input file \(inputFile)"), Exit.usage) }
+            let what = fromStandardInput ? "standard input" : "the input file \(inputFile)"
+            let bytes = await Self.readList(fromStandardInput ? nil : inputFile)
+            guard let bytes, let text = String(data: bytes, encoding: .utf8) else { throw fail("cannot read " + what, Exit.usage) }
+            if bytes.count > Self.maxListBytes { throw fail("\(what) is over \(Self.maxListBytes >> 20) MiB: not a list of URLs", Exit.usage) }
             do {
                 list = try InputList(parsing: text)
             } catch {
@@ -226,6 +227,27 @@ struct Batch {
             // One kind of failure gives its own exit code; several kinds give 1.
             let kinds = Set(failures.compactMap { $0.failure?.category })
             throw ExitCode(kinds.count == 1 ? Get.code(for: kinds.first!) : Exit.failure)
+        }
+    }
+
+    /// The longest list of URLs read (`-i`): a larger input is refused.
+    static let maxListBytes = 64 << 20
+
+    /// The list's bytes (standard input when `path` is nil), at most ``maxListBytes`` + 1 of them,
+    /// read on a Dispatch thread: the read blocks as long as whoever writes standard input takes,
+    /// which must not hold a thread of Swift's cooperative pool. Nil when it cannot be read.
+    static func readList(_ path: String?) async -> Data? {
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                guard let handle = path == nil ? FileHandle.standardInput : FileHandle(forReadingAtPath: path!) else {
+                    return continuation.resume(returning: nil)
+                }
+                do {
+                    continuation.resume(returning: try handle.read(upToCount: maxListBytes + 1) ?? Data())  // (nil: empty)
+                } catch {
+                    continuation.resume(returning: nil)
+                }
+            }
         }
     }
 
