@@ -116,6 +116,69 @@ import TestServer
         await f.close()
     }
 
+    /// The app's container moves between launches (an update, a restore): with the container as a
+    /// path base, every download goes on at the new place, byte-exact, with its true progress;
+    /// nothing is created at the old place; a finished one is still known, and adding it again is
+    /// the same download. Rows stored before the bases (absolute paths) are found too.
+    @Test func theContainerMovesBetweenLaunchesAndEveryDownloadGoesOn() async throws {
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        let big = Resource.bytes(count: 3_000_000, seed: 71), small = Resource.bytes(count: 50_000, seed: 72)
+        server.set("/big.bin", Resource(body: big, bytesPerSecond: 400_000))
+        server.set("/small.bin", Resource(body: small))
+        let top = TempDir()
+        let old = top.file("container-1"), new = top.file("container-2")
+        try FileManager.default.createDirectory(atPath: old.string, withIntermediateDirectories: true)
+        func configuration(_ home: FilePath) -> DownloadManager.Configuration {
+            let state = home.appending("Library/Application Support/Pickup")
+            var c = DownloadManager.Configuration(stateDirectory: state)
+            c.pathBases = PathBases(["home": home])
+            c.progressInterval = 0.02
+            c.engine = testOptions(state: state)
+            c.transport = testTransport()
+            return c
+        }
+        let m = try await DownloadManager.open(configuration: configuration(old))
+        let done = try await m.add(server.url("/small.bin"), to: .directory(old.appending("Documents")))
+        #expect(await m.outcome(of: done)?.state == .completed)
+        let going = try await m.add(server.url("/big.bin"), to: .file(old.appending("Documents/big.bin")))
+        await m.waitUntil { ($0[going]?.progress.bytesDone ?? 0) > 400_000 }
+        await m.shutdown()
+        let rows = try ManagerStore(directory: old.appending("Library/Application Support/Pickup")).all()
+        #expect(rows.allSatisfy { $0.destinationPath == "@home/Documents" || $0.destinationPath == "@home/Documents/big.bin" }, "\(rows.map(\.destinationPath))")
+        // The container moves.
+        #expect(rename(old.string, new.string) == 0)
+        let requestsBefore = server.requests("/big.bin").count
+        let again = try await DownloadManager.open(configuration: configuration(new))
+        let restored = await again.downloads()
+        #expect(restored.first { $0.id == going }?.destination == .file(new.appending("Documents/big.bin")))
+        #expect((restored.first { $0.id == going }?.progress.bytesDone ?? 0) > 0, "its true progress, read at the new place")
+        #expect(await again.outcome(of: going)?.state == .completed)
+        let same = FileManager.default.contents(atPath: new.appending("Documents/big.bin").string).map(Array.init) == big
+        #expect(same)
+        let resumed = server.requests("/big.bin")[requestsBefore...]
+        #expect(resumed.first?.headers["range"]?.hasPrefix("bytes=0-") == false, "resumed, not fetched again: \(resumed.map(\.headers))")
+        #expect(!FileManager.default.fileExists(atPath: old.string), "nothing created at the old place")
+        #expect(await again.isDownloaded(server.url("/small.bin")))
+        #expect(try await again.add(server.url("/small.bin"), to: .directory(new.appending("Documents"))) == done)
+        await again.shutdown()
+        #expect(!FileManager.default.fileExists(atPath: old.string))
+    }
+
+    @Test func pathBasesStoreRelativeAndNeverClimbOut() {
+        let bases = PathBases(["home": "/var/mobile/Containers/Data/Application/A", "group": "/var/mobile/Containers/Shared/G", "bad name": "/x",
+                               "rel": "relative"])
+        #expect(bases.bases.keys.sorted() == ["group", "home"])
+        #expect(bases.portable("/var/mobile/Containers/Data/Application/A/Documents/ep1.mp3") == "@home/Documents/ep1.mp3")
+        #expect(bases.portable("/var/mobile/Containers/Shared/G") == "@group")
+        #expect(bases.portable("/tmp/elsewhere") == "/tmp/elsewhere")
+        let moved = PathBases(["home": "/var/mobile/Containers/Data/Application/B"])
+        #expect(moved.resolve("@home/Documents/ep1.mp3") == "/var/mobile/Containers/Data/Application/B/Documents/ep1.mp3")
+        #expect(moved.resolve("@group/x") == nil, "a base not named now is not guessed")
+        #expect(moved.resolve("@home/../../etc/passwd") == nil, "never out of its base")
+        #expect(moved.resolve("/abs/path") == "/abs/path")
+    }
+
     @Test func outcomeWaitsForTheEndOfOneDownload() async throws {
         let f = try await ManagerFixture()
         let bodies = f.serveFiles(1, size: 50_000)
@@ -136,7 +199,8 @@ import TestServer
         let m = try f.manager()
         let list = DownloadList(manager: m)
         for i in 0..<3 { _ = try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path)) }
-        await until(list) { list.downloads.count == 3 && list.downloads.allSatisfy { $0.state == .completed } }
+        // (The totals come with the next tick after the last change: waited for too.)
+        await until(list) { list.downloads.count == 3 && list.downloads.allSatisfy { $0.state == .completed } && list.totals?.fraction == 1 }
         #expect(list.downloads.map(\.progress.bytesDone) == [100_000, 100_000, 100_000])
         #expect(list.totals?.fraction == 1)
         let first = list.downloads[0].id

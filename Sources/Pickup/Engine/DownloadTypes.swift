@@ -89,6 +89,9 @@ public struct DownloadOptions: Sendable {
     /// fetched again. Off: no mapping and one file fewer; a kill costs up to
     /// ``checkpointInterval`` of transfer.
     public var cursorFile = true
+    /// Directories the completion index keys its records by (``PathBases``), so that a finished
+    /// file is still known after its directory moved with a base (a ``DownloadManager`` gives its own).
+    public var pathBases = PathBases.none
     /// How often progress is reported, in seconds.
     public var progressInterval: Double = 0.1
     /// Retry and backoff.

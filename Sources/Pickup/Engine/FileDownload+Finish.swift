@@ -113,8 +113,7 @@ extension FileDownload {
         var completion = CompletionRecord(url: request.url, name: name,
                                           validators: rec.validators ?? mirror?.validators, length: size, mtime: FS.mtime(file.fd) ?? 0,
                                           digest: verified,
-                                          directory: directory.isAbsolute ? directory.string
-                                              : FilePath(FileManager.default.currentDirectoryPath).pushing(directory).string)
+                                          directory: store.bases.portable(directory))
         completion.source = mirror?.url
         var encoded = store.attach(completion, to: file)
         while !(try place(as: name)) {

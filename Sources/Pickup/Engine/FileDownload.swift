@@ -104,7 +104,7 @@ final class FileDownload: @unchecked Sendable {
         self.transport = transport
         self.monitor = monitor ?? DownloadMonitor(interval: min(options.progressInterval, options.checkpointInterval))
         self.onEvent = onEvent
-        self.store = CompletionStore(stateDirectory: options.stateDirectory ?? StateDirectory.default)
+        self.store = CompletionStore(stateDirectory: options.stateDirectory ?? StateDirectory.default, bases: options.pathBases)
         let (directory, partialName, controlName) = try Self.paths(for: request)
         self.partialName = partialName
         self.controlName = controlName
@@ -140,6 +140,10 @@ final class FileDownload: @unchecked Sendable {
         case .directory(let dir):
             directory = dir
             base = ".pickup-\(Hex.encode(Array(SHA256.hash(data: Array(request.url.utf8)))).prefix(16))"
+        }
+        if directory.string.hasPrefix("@") {
+            // A stored path whose base this launch does not name (``PathBases``): never a directory here.
+            throw .invalidInput("\(directory) is relative to a base this launch does not name (DownloadManager.Configuration.pathBases)")
         }
         if let root = request.root, !directory.lexicallyNormalized().starts(with: root.lexicallyNormalized()) {
             throw .invalidInput("\(directory) is outside the download root \(root)")

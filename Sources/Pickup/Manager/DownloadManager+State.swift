@@ -44,7 +44,7 @@ extension DownloadManager {
     func persist(_ id: DownloadID, state: DownloadState? = nil) {
         guard var info = info(id), let place = queue.entries[id]?.place else { return }
         if let state { info.state = state }
-        store.update([DownloadRow(info: info, place: place)])
+        store.update([DownloadRow(info: info, place: place, bases: configuration.pathBases)])
     }
 
     func emit(_ event: ManagerEvent) {

@@ -61,6 +61,10 @@ public actor DownloadManager {
         /// last two times the process died without shutting the manager down: one download cannot
         /// put an app or a daemon in a crash loop (see `CrashGuard`).
         public var crashGuard = true
+        /// Directories that stored paths are relative to (``PathBases``): on Apple platforms the app's
+        /// container by default, so that downloads survive the container moving between launches.
+        /// Give the same names at every launch.
+        public var pathBases = PathBases.standard
 
         /// A configuration with its state in `stateDirectory`.
         public init(stateDirectory: FilePath) { self.stateDirectory = stateDirectory }
@@ -167,6 +171,7 @@ public actor DownloadManager {
         }
         var engine = configuration.engine
         if engine.stateDirectory == nil { engine.stateDirectory = dir }
+        if engine.pathBases.bases.isEmpty { engine.pathBases = configuration.pathBases }
         self.configuration = configuration
         self.store = store
         self.lockFile = lock
@@ -187,13 +192,13 @@ public actor DownloadManager {
         self.crashGuard = crashGuard
         var held: [DownloadRow] = []
         for row in rows {
-            var info = row.info
+            var info = row.info(bases: configuration.pathBases)
             // A download that was running when the last process ended waits to be started again,
             // unless it was running at each of the last two deaths: then it waits for the user.
             if suspects.contains(info.id.rawValue), info.state == .running || info.state == .waiting {
                 info.state = .paused
                 info.failure = DownloadFailure(category: .interrupted, reason: CrashGuard.reason)
-                held.append(DownloadRow(info: info, place: row.place))
+                held.append(DownloadRow(info: info, place: row.place, bases: configuration.pathBases))
             }
             if info.state == .running { info.state = .waiting }
             var d = DownloadDetails(info)
@@ -364,7 +369,7 @@ public actor DownloadManager {
                 speedLimit: item.speedLimit, checksum: item.checksum, overwrite: item.overwrite,
                 connections: item.connections, addedAt: now, finishedAt: nil, options: item.options,
                 mirrors: item.mirrors, pieces: item.pieces, length: item.length)
-            fresh.append((i, DownloadRow(info: info, place: place)))
+            fresh.append((i, DownloadRow(info: info, place: place, bases: configuration.pathBases)))
             place += 1
         }
         if !fresh.isEmpty {
@@ -375,7 +380,7 @@ public actor DownloadManager {
                 throw .fileSystem("\(configuration.stateDirectory.appending("manager.sqlite")): \(error)", .ioError)
             }
             for ((index, _), row) in zip(fresh, rows) {
-                let info = row.info
+                let info = row.info(bases: configuration.pathBases)
                 var d = DownloadDetails(info)
                 let held = Downloader.partialProgress(of: Self.request(for: d, root: configuration.root))
                 d.progress = DownloadProgress(bytesDone: held?.bytesHeld ?? 0, totalBytes: held?.totalBytes, bytesPerSecond: 0)

@@ -41,17 +41,24 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
 
     mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 
-    static func destinationColumns(_ d: Destination) -> (String, String) {
+    /// The destination as stored: its path relative to a base when one holds it (``PathBases``).
+    static func destinationColumns(_ d: Destination, bases: PathBases = .none) -> (String, String) {
         switch d {
-        case .file(let p): ("file", p.string)
-        case .directory(let p): ("directory", p.string)
+        case .file(let p): ("file", Self.stored(p, bases))
+        case .directory(let p): ("directory", Self.stored(p, bases))
         }
     }
 
-    init(info: DownloadInfo, place: Int64) {
+    /// A path as stored: `@NAME/rest` inside a base, else as it is (one already in that form, whose
+    /// base is not given now, stays so: never turned into a path under the current directory).
+    static func stored(_ p: FilePath, _ bases: PathBases) -> String {
+        p.string.hasPrefix("@") || bases.bases.isEmpty ? p.string : bases.portable(p)
+    }
+
+    init(info: DownloadInfo, place: Int64, bases: PathBases = .none) {
         id = info.id.rawValue > 0 ? info.id.rawValue : nil
         url = info.url
-        (destinationKind, destinationPath) = Self.destinationColumns(info.destination)
+        (destinationKind, destinationPath) = Self.destinationColumns(info.destination, bases: bases)
         priority = info.priority
         self.place = place
         state = info.state.rawValue
@@ -59,7 +66,7 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
         overwrite = info.overwrite
         speedLimit = info.speedLimit
         connections = info.connections
-        finalPath = info.path?.string
+        finalPath = info.path.map { Self.stored($0, bases) }
         bytesDone = info.progress.bytesDone
         totalBytes = info.progress.totalBytes
         failureCategory = info.failure?.category.rawValue
@@ -71,8 +78,12 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
             : (try? JSONEncoder().encode(Sources(mirrors: info.mirrors, pieces: info.pieces, length: info.length))).map { String(decoding: $0, as: UTF8.self) }
     }
 
-    var info: DownloadInfo {
-        let path = FilePath(destinationPath)
+    var info: DownloadInfo { info(bases: .none) }
+
+    /// The row as a download, its paths resolved against this launch's bases (a path whose base
+    /// is not given stays in `@NAME` form: ``FileDownload`` refuses to run it).
+    func info(bases: PathBases) -> DownloadInfo {
+        let path = bases.resolve(destinationPath) ?? FilePath(destinationPath)
         let more = sources.flatMap { try? JSONDecoder().decode(Sources.self, from: Data($0.utf8)) }
         let failure = failureCategory.flatMap(PickupError.Category.init(rawValue:)).map {
             DownloadFailure(category: $0, reason: failureReason ?? "")
@@ -82,7 +93,7 @@ struct DownloadRow: Codable, FetchableRecord, MutablePersistableRecord, Sendable
             destination: destinationKind == "file" ? .file(path) : .directory(path),
             state: DownloadState(rawValue: state) ?? .waiting, priority: priority,
             progress: DownloadProgress(bytesDone: bytesDone, totalBytes: totalBytes, bytesPerSecond: 0),
-            path: finalPath.map { FilePath($0) }, failure: failure, speedLimit: speedLimit,
+            path: finalPath.map { bases.resolve($0) ?? FilePath($0) }, failure: failure, speedLimit: speedLimit,
             checksum: checksum.flatMap(ExpectedDigest.init(checksumArgument:)), overwrite: overwrite,
             connections: connections,
             addedAt: Date(timeIntervalSince1970: addedAt), finishedAt: finishedAt.map(Date.init(timeIntervalSince1970:)),

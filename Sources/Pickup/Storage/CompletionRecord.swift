@@ -66,9 +66,14 @@ public struct CompletionStore: Sendable {
     static let attribute = "user.pickup.completed"
     /// The state directory.
     public let stateDirectory: FilePath
+    /// Directories the index's keys and records are relative to (``PathBases``).
+    public let bases: PathBases
 
     /// A store in `stateDirectory`.
-    public init(stateDirectory: FilePath) { self.stateDirectory = stateDirectory }
+    public init(stateDirectory: FilePath, bases: PathBases = .none) {
+        self.stateDirectory = stateDirectory
+        self.bases = bases
+    }
 
     /// The index is 256 append-only files in `completed/` (`index-00.log` ... `index-ff.log`, by
     /// the key's first two hex digits), a line per entry: the entry's key (a hash of the directory
@@ -81,8 +86,16 @@ public struct CompletionStore: Sendable {
     /// sixteenth: such a file is split into the new ones the first time one of its keys is used.)
     static let bucketCount = 256
 
-    static func key(directory: FilePath, url: String) -> String {
-        String(Hex.encode(Array(SHA256.hash(data: Array("\(directory.string)\n\(url)".utf8)))).prefix(32))
+    static func key(directory: FilePath, url: String) -> String { key(directory.string, url: url) }
+
+    static func key(_ directory: String, url: String) -> String {
+        String(Hex.encode(Array(SHA256.hash(data: Array("\(directory)\n\(url)".utf8)))).prefix(32))
+    }
+
+    /// The key of `url` in `directory`: by the directory's path relative to a base when one holds
+    /// it (the same after the base moved), else by the path as given (as before there were bases).
+    func key(directory: FilePath, url: String) -> String {
+        bases.bases.isEmpty ? Self.key(directory: directory, url: url) : Self.key(bases.portable(directory), url: url)
     }
 
     func bucket(of key: String) -> FilePath {
@@ -167,7 +180,7 @@ public struct CompletionStore: Sendable {
     /// proportion to the files that still exist. On a Dispatch queue, not on Swift's cooperative
     /// pool: it reads a bucket.
     func index(_ data: [UInt8], url: String, directory: FilePath) {
-        let key = Self.key(directory: directory, url: url)
+        let key = key(directory: directory, url: url)
         append(Array((key + " ").utf8) + data + [UInt8(ascii: "\n")], to: bucket(of: key))
         if UInt8.random(in: 0..<32) == 0 {
             let store = self, path = bucket(of: key)
@@ -194,9 +207,10 @@ public struct CompletionStore: Sendable {
         var count = 0
         for (key, json) in entries {
             guard let rec = try? JSONDecoder().decode(CompletionRecord.self, from: Data(json)),
-                let directory = rec.directory,
-                FS.size(FilePath(directory).appending(rec.name)) == rec.length
+                let stored = rec.directory
             else { continue }
+            // One in a base this process does not name is kept: it cannot be judged here.
+            if let directory = bases.resolve(stored), FS.size(directory.appending(rec.name)) != rec.length { continue }
             kept += Array((key + " ").utf8) + json + [UInt8(ascii: "\n")]
             count += 1
         }
@@ -244,8 +258,9 @@ public struct CompletionStore: Sendable {
     /// `versions: false` (the caller overwrites `name`): only `name` itself counts.
     func lookup(url: String, in directory: DirectoryHandle, name: String?, versions: Bool = true) -> (FilePath, CompletionRecord)? {
         var candidates: [(String, CompletionRecord?)] = []
-        let key = Self.key(directory: directory.path, url: url)
-        let indexed = self.indexed(key)
+        // (Records indexed before the bases were given are found by their old key.)
+        let key = key(directory: directory.path, url: url)
+        let indexed = self.indexed(key) ?? (bases.bases.isEmpty ? nil : self.indexed(Self.key(directory: directory.path, url: url)))
         let ofName = { (candidate: String) in
             name == nil || candidate == name || (versions && SafeFileName.isNumbered(candidate, of: name!))
         }
