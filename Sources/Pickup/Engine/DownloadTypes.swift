@@ -185,12 +185,25 @@ public struct DownloadProgress: Sendable, Equatable {
     /// stalling server made it more patient than the transport's stall timeout (nil otherwise).
     public var stallTimeout: Double?
 
+    /// Which speed limit holds it back, when one does (set by a ``DownloadManager``, which knows
+    /// its limits; nil when the speed is the server's or the network's).
+    public var limitedBy: Limit?
+
+    /// A speed limit a download can be held to.
+    public enum Limit: String, Sendable, Codable {
+        /// Its own limit (``DownloadInfo/speedLimit``).
+        case download
+        /// The limit on every download together (``DownloadManager/Configuration/speedLimit``).
+        case global
+    }
+
     /// A progress value.
-    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double, stallTimeout: Double? = nil) {
+    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double, stallTimeout: Double? = nil, limitedBy: Limit? = nil) {
         self.bytesDone = bytesDone
         self.totalBytes = totalBytes
         self.bytesPerSecond = bytesPerSecond
         self.stallTimeout = stallTimeout
+        self.limitedBy = limitedBy
     }
 }
 

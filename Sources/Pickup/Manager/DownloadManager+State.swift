@@ -69,15 +69,18 @@ extension DownloadManager {
         startTicker()
     }
 
-    /// Takes what the engine reported for a running download: its progress and notices.
-    func drain(_ id: DownloadID, _ box: NIOLockedValueBox<Reported>?) {
+    /// Takes what the engine reported for a running download: its progress and notices, the
+    /// progress with the limit that holds it back, if any (`globalHolds`: the global one does).
+    func drain(_ id: DownloadID, _ box: NIOLockedValueBox<Reported>?, globalHolds: Bool = false) {
         guard let box else { return }
         let reported = box.withLockedValue { r -> Reported in
             defer { r.notices = []; r.progress = nil }
             return r
         }
         for n in reported.notices { emit(.notice(id, n)) }
-        if let p = reported.progress, state(of: id) == .running, details[id]?.progress != p {
+        if var p = reported.progress, state(of: id) == .running {
+            p.limitedBy = limiters[id]?.holds(atSpeed: p.bytesPerSecond) == true ? .download : globalHolds ? .global : nil
+            guard details[id]?.progress != p else { return }
             update(id) { $0.progress = p }
             emit(.progress(id, p))
             totalsDirty = true
@@ -98,7 +101,9 @@ extension DownloadManager {
 
     /// One tick; returns whether to keep ticking.
     private func tick() -> Bool {
-        for (id, run) in running { drain(id, run.box) }
+        let speed = running.keys.reduce(0.0) { $0 + (details[$1]?.progress.bytesPerSecond ?? 0) }
+        let globalHolds = globalLimiter.holds(atSpeed: speed)
+        for (id, run) in running { drain(id, run.box, globalHolds: globalHolds) }
         if totalsDirty { emitTotals() }
         if running.isEmpty && !totalsDirty {
             ticker = nil
