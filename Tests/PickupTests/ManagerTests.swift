@@ -457,5 +457,7 @@ extension DownloadManager {
         #expect(limiter.take(2_000_000) > 0)
         #expect(limiter.holds(atSpeed: 950_000))
         #expect(!limiter.holds(atSpeed: 300_000), "far slower than the limit: held by something else")
+        #expect(limiter.holds(atSpeed: 300_000, stalled: true), "a stall while it pauses connections is its doing")
+        #expect(!RateLimiter(bytesPerSecond: 1_000_000).holds(atSpeed: 0, stalled: true), "a stall without a pause is not")
     }
 }

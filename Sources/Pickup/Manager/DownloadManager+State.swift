@@ -70,8 +70,9 @@ extension DownloadManager {
     }
 
     /// Takes what the engine reported for a running download: its progress and notices, the
-    /// progress with the limit that holds it back, if any (`globalHolds`: the global one does).
-    func drain(_ id: DownloadID, _ box: NIOLockedValueBox<Reported>?, globalHolds: Bool = false) {
+    /// progress with the limit that holds it back, if any (`totalSpeed`: of every running
+    /// download, for the global limit).
+    func drain(_ id: DownloadID, _ box: NIOLockedValueBox<Reported>?, totalSpeed: Double = 0) {
         guard let box else { return }
         let reported = box.withLockedValue { r -> Reported in
             defer { r.notices = []; r.progress = nil }
@@ -79,7 +80,9 @@ extension DownloadManager {
         }
         for n in reported.notices { emit(.notice(id, n)) }
         if var p = reported.progress, state(of: id) == .running {
-            p.limitedBy = limiters[id]?.holds(atSpeed: p.bytesPerSecond) == true ? .download : globalHolds ? .global : nil
+            let stalled = p.stallTimeout != nil
+            p.limitedBy = limiters[id]?.holds(atSpeed: p.bytesPerSecond, stalled: stalled) == true ? .download
+                : globalLimiter.holds(atSpeed: totalSpeed, stalled: stalled) ? .global : nil
             guard details[id]?.progress != p else { return }
             update(id) { $0.progress = p }
             emit(.progress(id, p))
@@ -102,8 +105,7 @@ extension DownloadManager {
     /// One tick; returns whether to keep ticking.
     private func tick() -> Bool {
         let speed = running.keys.reduce(0.0) { $0 + (details[$1]?.progress.bytesPerSecond ?? 0) }
-        let globalHolds = globalLimiter.holds(atSpeed: speed)
-        for (id, run) in running { drain(id, run.box, globalHolds: globalHolds) }
+        for (id, run) in running { drain(id, run.box, totalSpeed: speed) }
         if totalsDirty { emitTotals() }
         if running.isEmpty && !totalsDirty {
             ticker = nil
