@@ -21,6 +21,9 @@ public struct APIDownload: Codable, Sendable, Equatable {
     public var secondsLeft: Double?
     /// Seconds it now waits for a slow server's next byte, when more than the stall timeout.
     public var stallTimeout: Double?
+    /// The speed limit that holds it back while it runs: `download` (its own) or `global`;
+    /// absent when its speed is the server's or the network's.
+    public var limitedBy: String?
     public var error: APIErrorBody?
     public var speedLimit: Int64?
     public var connections: Int?
@@ -50,6 +53,7 @@ public struct APIDownload: Codable, Sendable, Equatable {
         bytesPerSecond = info.progress.bytesPerSecond
         secondsLeft = info.progress.secondsLeft
         stallTimeout = info.state == .running ? info.progress.stallTimeout : nil
+        limitedBy = info.state == .running ? info.progress.limitedBy?.rawValue : nil
         error = info.failure.map { APIErrorBody(code: $0.category.rawValue, message: $0.reason) }
         speedLimit = info.speedLimit
         connections = info.connections
@@ -68,6 +72,8 @@ public struct APIProgress: Codable, Sendable, Equatable {
     public var bytesPerSecond: Double
     public var secondsLeft: Double?
     public var stallTimeout: Double?
+    /// `download` or `global`: the speed limit that holds it back, if one does.
+    public var limitedBy: String?
 
     init(_ id: DownloadID, _ p: DownloadProgress) {
         self.id = id.rawValue
@@ -77,6 +83,7 @@ public struct APIProgress: Codable, Sendable, Equatable {
         bytesPerSecond = p.bytesPerSecond
         secondsLeft = p.secondsLeft
         stallTimeout = p.stallTimeout
+        limitedBy = p.limitedBy?.rawValue
     }
 }
 
@@ -358,6 +365,7 @@ extension APIDownload {
         w.raw(#","bytesPerSecond":"#); w.number(bytesPerSecond)
         if let secondsLeft { w.raw(#","secondsLeft":"#); w.number(secondsLeft) }
         if let stallTimeout { w.raw(#","stallTimeout":"#); w.number(stallTimeout) }
+        if let limitedBy { w.raw(#","limitedBy":"#); w.string(limitedBy) }
         if let error {
             w.raw(#","error":{"code":"#); w.string(error.code)
             w.raw(#","message":"#); w.string(error.message)

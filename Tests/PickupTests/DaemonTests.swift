@@ -90,6 +90,9 @@ final class DaemonFixture: @unchecked Sendable {
             case "progress":
                 let p = try decoder.decode(APIProgress.self, from: data)
                 view[p.id]?.bytesDone = p.bytesDone
+                view[p.id]?.bytesPerSecond = p.bytesPerSecond
+                view[p.id]?.stallTimeout = p.stallTimeout
+                view[p.id]?.limitedBy = p.limitedBy
             case "removed": view[try decoder.decode(APIRef.self, from: data).id] = nil
             default: break
             }
@@ -391,12 +394,50 @@ final class DaemonFixture: @unchecked Sendable {
         bare.connections = nil
         bare.finishedAt = nil
         bare.progress = DownloadProgress(bytesDone: 0, totalBytes: nil, bytesPerSecond: 0)
-        let items = [full, bare].map { APIDownload($0, root: root) }
+        var running = full
+        running.state = .running
+        running.failure = nil
+        running.progress = DownloadProgress(bytesDone: 9, totalBytes: 10, bytesPerSecond: 1.5, stallTimeout: 30, limitedBy: .global)
+        let items = [full, bare, running].map { APIDownload($0, root: root) }
+        #expect(items[2].limitedBy == "global" && items[2].stallTimeout == 30)
         let mine = try JSONDecoder().decode([APIDownload].self, from: Data(APIDownload.json(items)))
         let theirs = try JSONDecoder().decode([APIDownload].self, from: try JSONEncoder().encode(items))
         #expect(mine == theirs)
         #expect(mine == items)
         #expect(try JSONSerialization.jsonObject(with: Data(APIDownload.json(items))) is [Any])
+    }
+
+    /// A running download says which speed limit holds it back (`limitedBy`): its own, the
+    /// global one, or none when the server is slower than either (the page names the right party
+    /// from this, not the server when it is the user's limit).
+    @Test func aDownloadSaysWhichLimitHoldsIt() async throws {
+        let f = try await DaemonFixture { $0.maxConcurrentDownloads = 4 }
+        do {
+            f.server.set("/own.bin", Resource(body: Resource.bytes(count: 8_000_000, seed: 51)))
+            f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 8_000_000, seed: 52), bytesPerSecond: 100_000))
+            let own = try await f.client.add(APIAddRequest(url: f.server.url("/own.bin"), speedLimit: 200_000))
+            let slow = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin"), speedLimit: 2_000_000))
+            try await f.waitUntil { $0[own.id]?.limitedBy == "download" }
+            // The slow server's download (its limit 20 times its speed) is never said to be held by it.
+            let seen = LockedBox<Set<String>>([])
+            try await f.waitUntil { v in
+                if let l = v[slow.id]?.limitedBy { seen.value.insert(l) }
+                return (v[slow.id]?.bytesDone ?? 0) > 300_000
+            }
+            #expect(seen.value.isEmpty, "\(seen.value)")
+            #expect(try await f.client.download(own.id).limitedBy == "download")
+
+            // The global limit, far below its own: the global one holds it.
+            _ = try await f.client.update(APISettingsPatch(speedLimit: .some(60_000)))
+            try await f.waitUntil { $0[own.id]?.limitedBy == "global" }
+            _ = try await f.client.pause(own.id)
+            try await f.waitUntil { $0[own.id]?.state == "paused" }
+            #expect(try await f.client.download(own.id).limitedBy == nil, "only a running download is held")
+        } catch {
+            await f.close()
+            throw error
+        }
+        await f.close()
     }
 
     @Test func aSecondDaemonOnTheSameStateIsRefused() async throws {

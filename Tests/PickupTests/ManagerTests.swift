@@ -445,4 +445,19 @@ extension DownloadManager {
         limiter.bytesPerSecond = nil
         #expect(limiter.take(2_000_000) == 0)
     }
+
+    /// A limit holds a transfer back when it goes near the limit and the bucket made it pause
+    /// lately; not when it is unlimited, never paused, or far slower than the limit.
+    @Test func aLimitHoldsOnlyWhatGoesNearItAndPauses() {
+        let limiter = RateLimiter(bytesPerSecond: nil)
+        _ = limiter.take(10_000_000)
+        #expect(!limiter.holds(atSpeed: 5_000_000), "unlimited")
+        limiter.bytesPerSecond = 1_000_000
+        #expect(!limiter.holds(atSpeed: 1_000_000), "no pause yet")
+        #expect(limiter.take(2_000_000) > 0)
+        #expect(limiter.holds(atSpeed: 950_000))
+        #expect(!limiter.holds(atSpeed: 300_000), "far slower than the limit: held by something else")
+        #expect(limiter.holds(atSpeed: 300_000, stalled: true), "a stall while it pauses connections is its doing")
+        #expect(!RateLimiter(bytesPerSecond: 1_000_000).holds(atSpeed: 0, stalled: true), "a stall without a pause is not")
+    }
 }

@@ -197,13 +197,27 @@ public struct DownloadProgress: Sendable, Equatable {
     /// or outside a run).
     public var connections: Int
 
+    /// Which speed limit holds it back, when one does (set by a ``DownloadManager``, which knows
+    /// its limits; nil when the speed is the server's or the network's).
+    public var limitedBy: Limit?
+
+    /// A speed limit a download can be held to.
+    public enum Limit: String, Sendable, Codable {
+        /// Its own limit (``DownloadInfo/speedLimit``).
+        case download
+        /// The limit on every download together (``DownloadManager/Configuration/speedLimit``).
+        case global
+    }
+
     /// A progress value.
-    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double, stallTimeout: Double? = nil, connections: Int = 0) {
+    public init(bytesDone: Int64, totalBytes: Int64?, bytesPerSecond: Double, stallTimeout: Double? = nil, connections: Int = 0,
+                limitedBy: Limit? = nil) {
         self.bytesDone = bytesDone
         self.totalBytes = totalBytes
         self.bytesPerSecond = bytesPerSecond
         self.stallTimeout = stallTimeout
         self.connections = connections
+        self.limitedBy = limitedBy
     }
 }
 

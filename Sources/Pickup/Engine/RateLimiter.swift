@@ -23,6 +23,8 @@ public final class RateLimiter: Sendable {
     struct Bucket {
         var tokens: Double = 0
         var last: Double = Clock.monotonic()
+        /// When the last pause it asked for ends (-infinity: it never asked for one).
+        var pausedUntil: Double = -.infinity
     }
 
     /// A bucket with this rate (nil or 0: unlimited).
@@ -67,7 +69,23 @@ public final class RateLimiter: Sendable {
             b.tokens = min(burst, b.tokens + (now - b.last) * perSecond)
             b.last = now
             b.tokens -= Double(count)
-            return b.tokens >= 0 ? 0 : -b.tokens / perSecond
+            guard b.tokens < 0 else { return 0 }
+            let pause = -b.tokens / perSecond
+            b.pausedUntil = max(b.pausedUntil, now + pause)
+            return pause
         }
+    }
+
+    /// Whether this limit is what holds the transfers it is attached to back: they go at
+    /// `bytesPerSecond` (measured over all of them), within a fifth of the limit, and one of them
+    /// is paused by it or was in the last second. A server or network slower than the limit seldom
+    /// passes both (the pauses alone are not enough: a chunk larger than the small credit pauses
+    /// its connection whatever the speed). `stalled`: a connection went without data longer than
+    /// the stall timeout; while the limit pauses connections that is the limit's doing (a paused
+    /// connection reads nothing), whatever the speed its retries leave.
+    public func holds(atSpeed bytesPerSecond: Double, stalled: Bool = false) -> Bool {
+        let r = rate.load(ordering: .relaxed)
+        guard r > 0, stalled || bytesPerSecond >= Double(r) * 0.8 else { return false }
+        return bucket.withLockedValue { Clock.monotonic() <= $0.pausedUntil + 1 }
     }
 }

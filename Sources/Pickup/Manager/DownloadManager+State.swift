@@ -69,15 +69,21 @@ extension DownloadManager {
         startTicker()
     }
 
-    /// Takes what the engine reported for a running download: its progress and notices.
-    func drain(_ id: DownloadID, _ box: NIOLockedValueBox<Reported>?) {
+    /// Takes what the engine reported for a running download: its progress and notices, the
+    /// progress with the limit that holds it back, if any (`totalSpeed`: of every running
+    /// download, for the global limit).
+    func drain(_ id: DownloadID, _ box: NIOLockedValueBox<Reported>?, totalSpeed: Double = 0) {
         guard let box else { return }
         let reported = box.withLockedValue { r -> Reported in
             defer { r.notices = []; r.progress = nil }
             return r
         }
         for n in reported.notices { emit(.notice(id, n)) }
-        if let p = reported.progress, state(of: id) == .running, details[id]?.progress != p {
+        if var p = reported.progress, state(of: id) == .running {
+            let stalled = p.stallTimeout != nil
+            p.limitedBy = limiters[id]?.holds(atSpeed: p.bytesPerSecond, stalled: stalled) == true ? .download
+                : globalLimiter.holds(atSpeed: totalSpeed, stalled: stalled) ? .global : nil
+            guard details[id]?.progress != p else { return }
             update(id) { $0.progress = p }
             emit(.progress(id, p))
             totalsDirty = true
@@ -98,7 +104,8 @@ extension DownloadManager {
 
     /// One tick; returns whether to keep ticking.
     private func tick() -> Bool {
-        for (id, run) in running { drain(id, run.box) }
+        let speed = running.keys.reduce(0.0) { $0 + (details[$1]?.progress.bytesPerSecond ?? 0) }
+        for (id, run) in running { drain(id, run.box, totalSpeed: speed) }
         if totalsDirty { emitTotals() }
         if running.isEmpty && !totalsDirty {
             ticker = nil
