@@ -566,7 +566,12 @@ struct GuardedChildChannel<Inner: ServerChildChannel>: ServerChildChannel {
     }
 
     func handle(value: Value, logger: Logger) async {
-        await inner.handle(value: value, logger: logger)
+        // A connection closed before its first head (by the deadline or the limit) fails the
+        // upgrade's negotiation, which HummingbirdWebSocket logs as an error: one line per idle
+        // connection, as many as a client opens. The plain server says nothing then.
+        var quiet = logger
+        quiet.logLevel = .critical
+        await inner.handle(value: value, logger: quiet)
     }
 }
 
