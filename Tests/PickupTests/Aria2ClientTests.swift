@@ -62,7 +62,8 @@ enum Aria2p {
         let server = try await TestServer.start()
         let root = TempDir(), state = TempDir()
         let fast = Resource.bytes(count: 2_000_000, seed: 71)
-        server.set("/slow.bin", Resource(body: Resource.bytes(count: 20_000_000, seed: 72), bytesPerSecond: 300_000))
+        // Slow enough never to finish while the script runs, however loaded the machine (16 MB at 50 KB/s).
+        server.set("/slow.bin", Resource(body: Resource.bytes(count: 16_000_000, seed: 72), bytesPerSecond: 50_000))
         server.set("/fast.bin", Resource(body: fast))
         let daemon = try await ServeProcess.start(root: root, state: state, ["--aria2-rpc"])
         defer { daemon.stopIfRunning() }
@@ -198,7 +199,8 @@ enum Aria2p {
 
     @Test func removeKeepsThePartialFileAsAResultUntilPurgedAndGIDsSurviveARestart() async throws {
         try await withDaemon { f in
-            f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 5_000_000, seed: 81), bytesPerSecond: 300_000))
+            // Never done within the test, however loaded the machine (8 MB at 50 KB/s).
+            f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 8_000_000, seed: 81), bytesPerSecond: 50_000))
             f.server.set("/done.bin", Resource(body: Resource.bytes(count: 100_000, seed: 82)))
             let url = f.server.url("/slow.bin").replacingOccurrences(of: "http://", with: "http://user:hush@")
             let gid = try #require(try await result(f, "aria2.addUri", [.array([.string(url)]), .object(["out": .string("slow.bin")])]).string)
