@@ -3,7 +3,9 @@ import PackageDescription
 
 let package = Package(
     name: "Pickup",
-    platforms: [.macOS(.v13), .iOS(.v16)],
+    // macOS 14: HummingbirdWebSocket's (the daemon's aria2 RPC over WebSocket) declared minimum;
+    // the library stays iOS 16 (only the daemon depends on it).
+    platforms: [.macOS(.v14), .iOS(.v16)],
     products: [
         .library(name: "Pickup", targets: ["Pickup"]),
         .executable(name: "pickup", targets: ["pickup"]),
@@ -22,6 +24,8 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         // Traits off: no swift-configuration, nothing of Foundation beyond what we use anyway.
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: []),
+        // The daemon's aria2 JSON-RPC over WebSocket (/jsonrpc, notifications).
+        .package(url: "https://github.com/hummingbird-project/hummingbird-websocket.git", from: "2.8.1"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         // X509 (already built for AsyncHTTPClient): a tunnelled IP-literal origin's certificate names.
@@ -58,6 +62,8 @@ let package = Package(
                 "CPickupShims",
                 .product(name: "Atomics", package: "swift-atomics"),
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "HummingbirdWebSocket", package: "hummingbird-websocket"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

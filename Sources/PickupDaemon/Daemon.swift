@@ -2,6 +2,8 @@ import Atomics
 import Foundation
 import HTTPTypes
 import Hummingbird
+import HummingbirdCore
+import HummingbirdWebSocket
 import NIOCore
 import Logging
 import NIOConcurrencyHelpers
@@ -45,6 +47,12 @@ public struct DaemonConfiguration: Sendable {
     public var idleTimeout = 30.0
     /// Connections at once; one more is closed as soon as it is accepted.
     public var maxConnections = 256
+    /// aria2's JSON-RPC at `/jsonrpc` (HTTP and WebSocket), the token as its secret: off unless asked.
+    public var aria2RPC = false
+    /// Browser origins that may call `/jsonrpc` (`*`: every one); the REST API's rule is not changed.
+    public var rpcAllowOrigins: [String] = []
+    /// WebSocket clients of `/jsonrpc` at once.
+    public var maxWebSocketClients = 64
 
     /// A configuration.
     public init(root: FilePath, stateDirectory: FilePath) {
@@ -82,6 +90,8 @@ public final class Daemon: Sendable {
     let connections = ManagedAtomic(0)
     /// The hooks: the command line's, else the settings file's.
     public let hooks: Hooks
+    /// aria2's JSON-RPC, when asked for (``DaemonConfiguration/aria2RPC``).
+    let aria2: Aria2Service?
 
     /// Opens the state directory (refusing one another process drives), the token (made on first
     /// start, mode 0600) and the saved settings.
@@ -144,6 +154,11 @@ public final class Daemon: Sendable {
                       onError: configuration.hooks.onError ?? fileHooks.onError,
                       timeout: configuration.hooks.onComplete != nil || configuration.hooks.onError != nil
                           ? configuration.hooks.timeout : fileHooks.timeout)
+        aria2 = configuration.aria2RPC
+            ? Aria2Service(manager: self.manager, settings: settings, root: root, token: token,
+                           origins: try Aria2Origins(configuration.rpcAllowOrigins), authorities: authorities,
+                           connections: configuration.engine.connections, maxWebSockets: configuration.maxWebSocketClients)
+            : nil
         self.configuration = configuration
         self.files = files
     }
@@ -163,10 +178,26 @@ public final class Daemon: Sendable {
         // the server would retry the accept in a loop, and the downloads, hooks and files need
         // descriptors too. Half of what the process may open, after raising its soft limit.
         let limit = min(configuration.maxConnections, Self.connectionBudget())
+        let idle = Seconds.timeAmount(configuration.idleTimeout)
+        var server = HTTPServerBuilder.http1(configuration: .init(additionalChannelHandlers: [ConnectionLimit(open: open, limit: limit)],
+                                                                 idleTimeout: idle))
+        if let aria2 {
+            aria2.register(on: router)
+            await aria2.notifier.start(manager)
+            // The same server, with WebSocket upgrades to /jsonrpc.
+            let webSocket = aria2.webSocketRouter().buildResponder()
+            server = HTTPServerBuilder { responder in
+                GuardedChildChannel(
+                    inner: HTTP1WebSocketUpgradeChannel(
+                        responder: responder, webSocketResponder: webSocket,
+                        configuration: .init(http1: .init(additionalChannelHandlers: [], idleTimeout: idle),
+                                             ws: .init(maxFrameSize: 1 << 20))),
+                    open: open, limit: limit, firstHead: idle)
+            }
+        }
         let app = Application(
             router: router,
-            server: .http1(configuration: .init(additionalChannelHandlers: [ConnectionLimit(open: open, limit: limit)],
-                                                idleTimeout: Seconds.timeAmount(configuration.idleTimeout))),
+            server: server,
             configuration: .init(address: .hostname(host, port: configuration.port), serverName: nil),
             onServerRunning: { [self] channel in
                 let port = channel.localAddress?.port ?? configuration.port
@@ -224,6 +255,12 @@ public final class Daemon: Sendable {
     static func proxyRules(_ text: String, over started: ProxyRules) throws(PickupError) -> ProxyRules {
         let p = try ProxyURL(parsing: text)
         return ProxyRules(http: p, https: p, ftp: p, noProxy: started.noProxy, tunnel: started.tunnel)
+    }
+
+    /// Checks `--rpc-allow-origin`'s values (``DaemonConfiguration/rpcAllowOrigins``).
+    /// - Throws: ``PickupError/invalidInput(_:)`` naming the first that is not an origin or `*`.
+    public static func checkRPCOrigins(_ values: [String]) throws(PickupError) {
+        _ = try Aria2Origins(values)
     }
 
     /// Connections the process can afford: half of its descriptor limit (the soft limit raised to

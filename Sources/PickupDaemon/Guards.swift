@@ -117,17 +117,33 @@ struct OriginGuard<Context: Hummingbird.RequestContext>: RouterMiddleware {
     let daemon: Daemon
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        // aria2's JSON-RPC has its own origin rule (its clients run on other origins; its secret
+        // goes in the body): ``Aria2Service/guarded(_:context:next:)``.
+        if let rpc = daemon.aria2, request.uri.path == Aria2Service.path {
+            return try await rpc.guarded(request, context: context, next: next)
+        }
         let allowed = daemon.authorities.withLockedValue { $0 }
-        guard let host = request.head.authority?.lowercased(), allowed.contains(host) else {
+        guard Self.hostAllowed(request, own: allowed) else {
             throw APIError(status: .forbidden, code: "forbidden_host", message: "this Host is not the daemon's address")
         }
         if let origin = request.headers[.origin] {
-            let lower = origin.lowercased()
-            guard lower.hasPrefix("http://"), allowed.contains(String(lower.dropFirst("http://".count))) else {
+            guard Self.isOwn(origin: origin, own: allowed) else {
                 throw APIError(status: .forbidden, code: "forbidden_origin", message: "cross-origin requests are refused")
             }
         }
         return try await next(request, context)
+    }
+
+    /// Whether `origin` is the daemon's own (`http://` one of its addresses, `own`).
+    static func isOwn(origin: String, own: Set<String>) -> Bool {
+        let lower = origin.lowercased()
+        return lower.hasPrefix("http://") && own.contains(String(lower.dropFirst("http://".count)))
+    }
+
+    /// Whether the request's `Host` is one of the daemon's own addresses (`own`).
+    static func hostAllowed(_ request: Request, own: Set<String>) -> Bool {
+        guard let host = request.head.authority?.lowercased() else { return false }
+        return own.contains(host)
     }
 }
 
@@ -138,13 +154,16 @@ struct BearerAuth<Context: Hummingbird.RequestContext>: RouterMiddleware {
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard let header = request.headers[.authorization], header.hasPrefix("Bearer "),
-            Self.equal(Array(header.utf8.dropFirst("Bearer ".utf8.count)), token)
+            ConstantTime.equal(Array(header.utf8.dropFirst("Bearer ".utf8.count)), token)
         else {
             throw APIError(status: .unauthorized, code: "unauthorized", message: "a valid bearer token is required")
         }
         return try await next(request, context)
     }
+}
 
+/// The token compared (the API's bearer token, aria2's secret).
+enum ConstantTime {
     /// Equal without an early exit, so the time taken says nothing about where they differ.
     static func equal(_ a: [UInt8], _ b: [UInt8]) -> Bool {
         guard a.count == b.count else { return false }

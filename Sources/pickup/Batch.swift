@@ -23,17 +23,6 @@ struct Batch {
     /// `-i -` reads the list from standard input.
     var fromStandardInput: Bool { inputFile == "-" && document == nil && !metalink }
 
-    /// A Metalink document's files as list entries: named as it names them (sanitized), from
-    /// all their URLs (the first by priority is the primary), verified piece by piece and with
-    /// their strongest whole-file hash.
-    static func entries(_ m: Metalink) -> InputList {
-        InputList(entries: m.files.enumerated().map { i, f in
-            InputList.Entry(url: f.mirrors[0].url, name: f.name, line: i + 1,
-                            checksum: f.strongestHash.map { ExpectedDigest(source: "the Metalink file", algorithm: $0.algorithm, bytes: $0.bytes) },
-                            mirrors: f.mirrors.dropFirst().map(\.url), pieces: f.pieces, length: f.size)
-        })
-    }
-
     /// The list's name in messages.
     var listName: String { fromStandardInput ? "standard input" : inputFile }
 
@@ -49,7 +38,7 @@ struct Batch {
             var seen = Set<String>()
             list = InputList(entries: urls.filter { seen.insert($0).inserted }.enumerated().map { InputList.Entry(url: $1, line: $0 + 1) })
         } else if let document {
-            list = Self.entries(document)
+            list = InputList(metalink: document)
         } else if metalink {
             // Read with a bound: a Metalink file over its limit is refused, not read whole.
             guard let handle = FileHandle(forReadingAtPath: inputFile) else {
@@ -65,7 +54,7 @@ struct Batch {
             do {
                 let doc = try Metalink.parse(Array(data))
                 parsed = doc
-                list = Self.entries(doc)
+                list = InputList(metalink: doc)
             } catch {
                 throw fail("\(inputFile): \(error)", Exit.usage)
             }

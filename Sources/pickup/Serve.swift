@@ -47,6 +47,16 @@ struct Serve: AsyncParsableCommand {
         "fifo or lifo: which waiting download of equal priority starts first (over the saved setting).", valueName: "order"))
     var order: String?
 
+    @Flag(help: ArgumentHelp(
+        "Also speak aria2's JSON-RPC at /jsonrpc (HTTP and WebSocket) for AriaNg, aria2p and other aria2 clients; "
+            + "the API token is aria2's secret."))
+    var aria2Rpc = false
+
+    @Option(help: ArgumentHelp(
+        "A browser origin that may call /jsonrpc (repeat for more; * for any, as aria2's --rpc-allow-origin-all). "
+            + "The secret is still required.", valueName: "origin"))
+    var rpcAllowOrigin: [String] = []
+
     @OptionGroup var engine: EngineFlags
 
     @OptionGroup(title: "Hooks (also onComplete, onError, hookTimeout in the state directory's settings.json)")
@@ -60,6 +70,10 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError("--limit-rate must be a number of bytes per second of at least 1K (1024), optionally with K, M or G")
         }
         if let order, QueueOrder(rawValue: order) == nil { throw ValidationError("--order must be fifo or lifo") }
+        if !rpcAllowOrigin.isEmpty {
+            guard aria2Rpc else { throw ValidationError("--rpc-allow-origin needs --aria2-rpc") }
+            do throws(PickupError) { try Daemon.checkRPCOrigins(rpcAllowOrigin) } catch { throw ValidationError(error.description) }
+        }
     }
 
     static func address(_ text: String) -> (host: String, port: Int)? {
@@ -79,6 +93,8 @@ struct Serve: AsyncParsableCommand {
         config.speedLimit = limitRate.flatMap(Get.rate)
         config.order = order.flatMap(QueueOrder.init(rawValue:))
         config.hooks = hookFlags.hooks
+        config.aria2RPC = aria2Rpc
+        config.rpcAllowOrigins = rpcAllowOrigin
         (config.engine, config.transport) = engine.settings()
         config.engine.multiplex = true  // a queue of files: HTTP/2 streams of one connection where offered
         let daemon: Daemon

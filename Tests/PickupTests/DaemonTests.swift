@@ -502,9 +502,13 @@ final class RawConnection {
         try #require(URL(string: f.baseURL)?.port)
     }
 
-    /// Idle connections and slow heads are closed after the idle timeout (1 s here, 30 by default).
-    @Test func idleConnectionsAndSlowHeadsAreClosed() async throws {
-        let f = try await DaemonFixture { $0.idleTimeout = 1 }
+    /// Idle connections and slow heads are closed after the idle timeout (1 s here, 30 by default),
+    /// with the WebSocket upgrade of `--aria2-rpc` (`aria2`) as without.
+    @Test(arguments: [false, true]) func idleConnectionsAndSlowHeadsAreClosed(aria2: Bool) async throws {
+        let f = try await DaemonFixture {
+            $0.idleTimeout = 1
+            $0.aria2RPC = aria2
+        }
         defer { Task { await f.close() } }
         let idle = try RawConnection(port: Self.port(f))
         let slow = try RawConnection(port: Self.port(f))
@@ -524,11 +528,13 @@ final class RawConnection {
         #expect(try await f.api(.GET, "/downloads").status == 200)
     }
 
-    /// Past the connection limit a new connection is closed at once; the daemon goes on.
-    @Test func connectionsPastTheLimitAreClosed() async throws {
+    /// Past the connection limit a new connection is closed at once; the daemon goes on (with the
+    /// WebSocket upgrade of `--aria2-rpc` as without).
+    @Test(arguments: [false, true]) func connectionsPastTheLimitAreClosed(aria2: Bool) async throws {
         let f = try await DaemonFixture {
             $0.maxConnections = 4
             $0.idleTimeout = 600  // only the limit closes anything here
+            $0.aria2RPC = aria2
         }
         defer { Task { await f.close() } }
         // Five connections to a daemon that keeps four: one of them (whichever its event loops set

@@ -46,6 +46,17 @@ public struct InputList: Sendable, Equatable {
     /// A list made by other means (a Metalink file's files).
     public init(entries: [Entry]) { self.entries = entries }
 
+    /// A Metalink document's files as list entries: named as it names them (sanitized), from
+    /// all their URLs (the first by priority is the primary), verified piece by piece and with
+    /// their strongest whole-file hash (`get --metalink`, the daemon's `aria2.addMetalink`).
+    public init(metalink m: Metalink) {
+        self.init(entries: m.files.enumerated().map { i, f in
+            Entry(url: f.mirrors[0].url, name: f.name, line: i + 1,
+                  checksum: f.strongestHash.map { ExpectedDigest(source: "the Metalink file", algorithm: $0.algorithm, bytes: $0.bytes) },
+                  mirrors: f.mirrors.dropFirst().map(\.url), pieces: f.pieces, length: f.size)
+        })
+    }
+
     /// The entries in file order, each URL once (a repeated URL keeps its first line).
     public var entries: [Entry]
 
