@@ -54,7 +54,7 @@ enum ConfigFile {
         var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
         let n = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
         guard n >= 0 else { throw Failure(description: "cannot read the config file \(path): \(Errno(rawValue: errno))") }
-        guard let text = String(validating: bytes.prefix(n), as: UTF8.self) else {
+        guard let text = String(bytes: bytes.prefix(n), encoding: .utf8) else {
             throw Failure(description: "the config file \(path) is not UTF-8 text")
         }
         return try arguments(of: text, in: path)

@@ -245,7 +245,7 @@ public enum SafeFileName {
 
 extension String {
     /// `bytes` as a string when they are valid UTF-8, else nil: `String(validating:as:)` without
-    /// its macOS 15 / iOS 18 floor (the package supports macOS 13 and iOS 16). Invalid sequences
+    /// its macOS 15 / iOS 18 floor (the package supports macOS 14 and iOS 16). Invalid sequences
     /// decode as U+FFFD, so the text's UTF-8 differs from `bytes` exactly when they are invalid.
     static func validUTF8<C: Collection>(_ bytes: C) -> String? where C.Element == UInt8 {
         let text = String(decoding: bytes, as: UTF8.self)
