@@ -50,6 +50,8 @@ import TestServer
         let first = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
         await m.waitUntil { ($0[first]?.progress.bytesDone ?? 0) > 100_000 }
         await m.suspend()
+        // (Under a heavy load it may have finished first: then there is no partial file to look at.)
+        let unfinished = await m.downloads().first { $0.id == first }?.state != .completed
         // Added while suspended: kept (the database is opened for the call).
         let second = try await m.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path))
         let script = """
@@ -78,7 +80,7 @@ import TestServer
             return (p.terminationStatus, String(decoding: data, as: UTF8.self))
         }
         #expect(status == 0, "another process found a lock held: \(out)")
-        #expect(out.contains("free manager.lock") && out.contains("pickup-part") && out.contains("free manager.sqlite 2"), "\(out)")
+        #expect(out.contains("free manager.lock") && (out.contains("pickup-part") || !unfinished) && out.contains("free manager.sqlite 2"), "\(out)")
         // Another holder of the state directory: start says no, and nothing starts.
         let holder = open(f.state.file("manager.lock").string, O_RDWR | O_CLOEXEC)
         #expect(flock(holder, LOCK_EX | LOCK_NB) == 0)
@@ -144,6 +146,8 @@ import TestServer
         let going = try await m.add(server.url("/big.bin"), to: .file(old.appending("Documents/big.bin")))
         await m.waitUntil { ($0[going]?.progress.bytesDone ?? 0) > 400_000 }
         await m.shutdown()
+        // (Under a heavy load it may have finished first: then nothing is left to resume.)
+        let unfinished = FileManager.default.fileExists(atPath: old.appending("Documents/big.bin.pickup-part").string)
         let rows = try ManagerStore(directory: old.appending("Library/Application Support/Pickup")).all()
         #expect(rows.allSatisfy { $0.destinationPath == "@home/Documents" || $0.destinationPath == "@home/Documents/big.bin" }, "\(rows.map(\.destinationPath))")
         // The container moves.
@@ -157,7 +161,9 @@ import TestServer
         let same = FileManager.default.contents(atPath: new.appending("Documents/big.bin").string).map(Array.init) == big
         #expect(same)
         let resumed = server.requests("/big.bin")[requestsBefore...]
-        #expect(resumed.first?.headers["range"]?.hasPrefix("bytes=0-") == false, "resumed, not fetched again: \(resumed.map(\.headers))")
+        if unfinished {
+            #expect(resumed.first?.headers["range"]?.hasPrefix("bytes=0-") == false, "resumed, not fetched again: \(resumed.map(\.headers))")
+        }
         #expect(!FileManager.default.fileExists(atPath: old.string), "nothing created at the old place")
         #expect(await again.isDownloaded(server.url("/small.bin")))
         #expect(try await again.add(server.url("/small.bin"), to: .directory(new.appending("Documents"))) == done)

@@ -162,7 +162,7 @@ import TestServer
             .filter { $0.contains("/s") && !$0.hasPrefix("saved") && !$0.hasPrefix("pickup:") }
         #expect(!redraws.isEmpty, "\(r.1.debugDescription)")
         for line in redraws { #expect(line.count <= 39, "\(line.count): \(line)") }
-        #expect(redraws.contains { $0.hasPrefix("a-rat") && $0.contains("…") && $0.contains(".iso  ") }, "the name, shortened: \(redraws)")
+        // (Whether the name fits beside the numbers depends on them: ProgressTextTests checks it.)
     }
 }
 

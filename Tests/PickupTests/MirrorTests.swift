@@ -152,9 +152,11 @@ import PickupDaemon
     @Test func aMirrorWithOtherBytesIsCaughtPieceByPieceAndNamed() async throws {
         let f = try await Fixture(connections: 6)
         let pieces = Self.pieces(body, length: 256 * 1024)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2))
+        // The good ones slower than the bad one, so that it surely serves pieces even when the whole
+        // suite loads the machine (it failed once in CI: the good ones had fetched everything).
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 1 << 20))
         f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: 2))
-        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2))
+        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2, rate: 1 << 20))
         let r: DownloadResult
         do { r = try await download(f, ["/a", "/bad", "/c"].map(f.server.url), pieces: pieces) } catch {
             Issue.record("\(error): \(f.events.notices)")
@@ -189,9 +191,11 @@ import PickupDaemon
 
     @Test func withOnlyAWholeFileHashTheBadMirrorIsFoundByRefetchingSharesNotTheFile() async throws {
         let f = try await Fixture(connections: 6)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2))
+        // The good ones slower than the bad one, so that it surely serves pieces even when the whole
+        // suite loads the machine (it failed once in CI: the good ones had fetched everything).
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 1 << 20))
         f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: 2))
-        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2))
+        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2, rate: 1 << 20))
         let checksum = ExpectedDigest(source: "the test", algorithm: .sha256, bytes: Array(SHA256.hash(data: body)))
         do { _ = try await download(f, ["/a", "/bad", "/c"].map(f.server.url), checksum: checksum) } catch {
             Issue.record("\(error): \(f.events.notices)")
