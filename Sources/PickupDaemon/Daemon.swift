@@ -139,6 +139,8 @@ public final class Daemon: Sendable {
             manager.untrustedProxies = rules
         }
         manager.root = root
+        // Whole paths (the daemon's directories do not move; single downloads key the index so too).
+        manager.pathBases = .none
         self.manager = try DownloadManager(configuration: manager)
         // As the manager holds them (a limit below the minimum raised to it).
         let initial = APISettings(maxConcurrentDownloads: manager.maxConcurrentDownloads,

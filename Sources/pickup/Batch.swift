@@ -107,6 +107,8 @@ struct Batch {
         if get.verbose { config.transport.trace = { display.line($0) } }
         config.engine.stateDirectory = StateDirectory.default  // completion records shared with single downloads
         config.engine.multiplex = true  // many files to a host: HTTP/2 streams of one connection where offered
+        // Whole paths, as single downloads key the completion index they share (no app container moves here).
+        config.pathBases = .none
         config.maxConcurrentDownloads = urls == nil ? get.jobs : 1
         config.speedLimit = get.limitRate.flatMap(Get.rate)
         config.autoStart = false

@@ -81,6 +81,10 @@ enum ConfigFile {
                 throw Failure(description: "\(place): expected an option's long name, as in connections = 4")
             }
             if let why = refused[name] { throw Failure(description: "\(place): --\(name) \(why): give it on the command line") }
+            // `~/` at the start of a value is the home directory (as a shell would have it).
+            if let v = value, v == "~" || v.hasPrefix("~/"), let home = ProcessInfo.processInfo.environment["HOME"], home.hasPrefix("/") {
+                value = home + v.dropFirst()
+            }
             let args = ["--" + name] + (value.map { [$0] } ?? [])
             // Each line alone, with a URL to make it a whole command, must parse and pass the checks.
             do {
@@ -104,7 +108,14 @@ enum ConfigFile {
         guard args.first == "get", !args.contains("--no-config"), environment["PICKUP_NO_CONFIG"] != "1",
             let path = path(environment: environment)
         else { return args }
-        let given = try arguments(at: path)
-        return given.isEmpty ? args : ["get"] + given + args.dropFirst()
+        var given = try arguments(at: path)
+        // The command line wins: `-o` there, and the file's `dir` (which -o excludes) is left out.
+        let rest = Array(args.dropFirst())
+        if rest.contains(where: { $0 == "-o" || $0 == "--output" || $0.hasPrefix("--output=") || ($0.hasPrefix("-o") && $0.count > 2) }),
+            let i = given.firstIndex(of: "--dir")
+        {
+            given.removeSubrange(i..<min(given.count, i + 2))
+        }
+        return given.isEmpty ? args : ["get"] + given + rest
     }
 }

@@ -66,15 +66,18 @@ struct ServeProcess {
         let server = try await TestServer.start()
         let root = TempDir(), state = TempDir()
         let bodies = (0..<4).map { Resource.bytes(count: 3_000_000, seed: UInt64(40 + $0)) }
-        for i in 0..<4 { server.set("/d/\(i).bin", Resource(body: bodies[i], bytesPerSecond: 500_000)) }
+        // 150 KB/s: 20 s a file, so that all three are mid-transfer when the poll sees it, however
+        // loaded the machine (at 500 KB/s they finished first in loaded full runs).
+        for i in 0..<4 { server.set("/d/\(i).bin", Resource(body: bodies[i], bytesPerSecond: 150_000)) }
 
         let first = try await ServeProcess.start(root: root, state: state)
         defer { first.stopIfRunning() }
         for i in 0..<4 {
             _ = try await first.client.add(APIAddRequest(url: server.url("/d/\(i).bin"), name: "f\(i).bin", paused: i == 3 ? true : nil))
         }
-        let control = { (i: Int) in ControlFile.load(root.file("f\(i).bin.pickup-ctl"))?.durableBytes ?? 0 }
-        #expect(CLI.waitFor { (0..<3).allSatisfy { control($0) > 500_000 } }, "the downloads did not get going")
+        let control = { @Sendable (i: Int) in ControlFile.load(root.file("f\(i).bin.pickup-ctl"))?.durableBytes ?? 0 }
+        let going = try await CLI.offPool { CLI.waitFor { (0..<3).allSatisfy { control($0) > 500_000 } } }
+        #expect(going, "the downloads did not get going")
         #expect(first.signal(SIGKILL) == .uncaughtSignal)
         let held = (0..<3).map { heldAfterKill(root.file("f\($0).bin")).written }
         let before = (0..<4).map { server.requests("/d/\($0).bin").count }

@@ -72,6 +72,13 @@ import TestServer
         let none = try await pickup(["get", server.url("/c.bin"), "-o", state.file("c.bin").string, "--no-config"], state: state,
                                     environment: env)
         #expect(none.status == 0 && server.requests("/c.bin").last?.headers["x-from-config"] == nil, "\(none.err)")
+        // A `dir` in the file gives way to -o on the command line (which excludes it), and ~/ is the home.
+        try write("dir = ~/downloads\n")
+        let o = try await pickup(["get", server.url("/c.bin"), "-o", state.file("o.bin").string], state: state,
+                                 environment: env.merging(["HOME": state.path.string]) { $1 })
+        #expect(o.status == 0 && state.read("o.bin") != nil, "\(o.err)")
+        let d = try await pickup(["get", server.url("/c.bin")], state: state, environment: env.merging(["HOME": state.path.string]) { $1 })
+        #expect(d.status == 0 && state.read("downloads/c.bin") != nil, "\(d.err)")
         // Wrong lines are named; so are options that would lose bytes at every run.
         try write("connections = 4\nfrobnicate = 3\n")
         let bad = try await pickup(["get", server.url("/c.bin"), "-o", state.file("d.bin").string], state: state, environment: env)

@@ -58,9 +58,10 @@ import TestServer
     @Test func apiDeleteKeepsThePartialFileUnlessAsked() async throws {
         let f = try await DaemonFixture()
         defer { Task { await f.close() } }
+        // (100 KB/s: 30 s a file, so that none finishes before it is paused, however loaded the machine.)
         let body = Resource.bytes(count: 3_000_000, seed: 31)
-        f.server.set("/keep.bin", Resource(body: body, bytesPerSecond: 400_000))
-        f.server.set("/drop.bin", Resource(body: Resource.bytes(count: 3_000_000, seed: 32), bytesPerSecond: 400_000))
+        f.server.set("/keep.bin", Resource(body: body, bytesPerSecond: 100_000))
+        f.server.set("/drop.bin", Resource(body: Resource.bytes(count: 3_000_000, seed: 32), bytesPerSecond: 100_000))
         let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin"))
         let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin"))
         try await f.waitUntil { ($0[keep.id]?.bytesDone ?? 0) > 300_000 && ($0[drop.id]?.bytesDone ?? 0) > 300_000 }
@@ -93,7 +94,7 @@ import TestServer
         let f = try await DaemonFixture()
         defer { Task { await f.close() } }
         for name in ["keep.bin", "drop.bin"] {
-            f.server.set("/" + name, Resource(body: Resource.bytes(count: 3_000_000, seed: 37), bytesPerSecond: 400_000))
+            f.server.set("/" + name, Resource(body: Resource.bytes(count: 3_000_000, seed: 37), bytesPerSecond: 100_000))
         }
         let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin", paused: false))
         let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin", paused: false))

@@ -1,6 +1,7 @@
 import Foundation
-import Pickup
 import Testing
+
+@testable import Pickup
 
 /// The progress line fits the terminal: whatever the numbers and the name, never wider than the
 /// width less one, with the bytes always there and the other parts in order of need.
@@ -43,5 +44,22 @@ import Testing
         // A slow server's wait is named.
         let slow = DownloadProgress(bytesDone: 10, totalBytes: nil, bytesPerSecond: 0, stallTimeout: 60)
         #expect(ProgressText.line(name: nil, progress: slow, width: 100).contains("slow server: waiting up to 1m00s for data"))
+    }
+}
+
+/// `-v`'s heads: secrets in fields, URLs and query strings never shown, control characters replaced.
+@Suite struct TraceTests {
+    @Test func secretsAreRedactedWhereverTheyAre() {
+        let url = "https://bob:hunter2@bucket.s3.example/f.iso?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=abc123&part=2&access_token=t0k#frag"
+        let shown = Trace.url(url)
+        #expect(!shown.contains("hunter2") && !shown.contains("bob") && !shown.contains("abc123") && !shown.contains("AKIA")
+                && !shown.contains("t0k"), "\(shown)")
+        #expect(shown.contains("part=2") && shown.contains("X-Amz-Signature=[redacted]") && shown.hasSuffix("#frag"), "\(shown)")
+        #expect(!Trace.field("Location", "//carol:pw@cdn.example/x?sig=s3cr3t").contains("pw"))
+        #expect(!Trace.field("Location", "//carol:pw@cdn.example/x?sig=s3cr3t").contains("s3cr3t"))
+        #expect(Trace.field("X-Goog-Signature", "zzz") == "X-Goog-Signature: [redacted]")
+        #expect(Trace.field("Set-Cookie", "sid=1") == "Set-Cookie: [redacted]")
+        #expect(Trace.field("Content-Type", "a\u{1B}[31mb") == "Content-Type: a?[31mb")
+        #expect(Trace.field("Content-Length", "5") == "Content-Length: 5")
     }
 }

@@ -141,10 +141,6 @@ final class FileDownload: @unchecked Sendable {
             directory = dir
             base = ".pickup-\(Hex.encode(Array(SHA256.hash(data: Array(request.url.utf8)))).prefix(16))"
         }
-        if directory.string.hasPrefix("@") {
-            // A stored path whose base this launch does not name (``PathBases``): never a directory here.
-            throw .invalidInput("\(directory) is relative to a base this launch does not name (DownloadManager.Configuration.pathBases)")
-        }
         if let root = request.root, !directory.lexicallyNormalized().starts(with: root.lexicallyNormalized()) {
             throw .invalidInput("\(directory) is outside the download root \(root)")
         }
@@ -228,7 +224,8 @@ final class FileDownload: @unchecked Sendable {
         // The partial file is opened and locked first, so that two processes never drive one download.
         let file = try PartialFile(in: dir, name: partialName)
         do {
-            guard file.lock() else { throw PickupError.busy(partialPath.string) }
+            // (Asked again for a moment: `pickup partials` looks at the lock of each partial file.)
+            guard file.lock(within: 0.2) else { throw PickupError.busy(partialPath.string) }
             // A finished file at this partial file's name (its completion record names it so, or is of
             // another URL) is not ours to truncate. (Our own partial file carries this URL's record
             // only between finishing and its rename.)

@@ -100,8 +100,9 @@ public actor DownloadManager {
     let store: ManagerStore
     /// The state directory's lock (`manager.lock`); nil while suspended (see ``suspend()``).
     var lockFile: PartialFile?
-    /// A suspension's release of the lock and the database, while it runs.
-    var releasing: Task<Void, Never>?
+    /// The last start or suspension asked for: each runs whole after the one before (a start
+    /// that takes the lock back and a suspension that releases it never interleave).
+    var lifeChain: Task<Void, Never>?
     /// The engine new transfers run on (replaced by ``setProxies(_:)``); a replaced one is shut
     /// down once the transfers on it have ended (or with the manager).
     var downloader: Downloader
@@ -214,6 +215,15 @@ public actor DownloadManager {
         }
         sortedIDs = details.keys.sorted()
         if !held.isEmpty { store.update(held) }
+        // Rows stored with whole paths inside a base (before there were bases) are stored relative
+        // to it now, so that they are found after the base moves.
+        if !configuration.pathBases.bases.isEmpty {
+            let bases = configuration.pathBases
+            try? store.rewritePaths(rows.compactMap { row in
+                let portable = DownloadRow(info: row.info(bases: bases), place: row.place, bases: bases)
+                return portable.destinationPath != row.destinationPath || portable.finalPath != row.finalPath ? portable : nil
+            })
+        }
         if configuration.autoStart {
             Task { await self.schedule() }
         }
@@ -239,9 +249,18 @@ public actor DownloadManager {
     ///   this manager was suspended.
     @discardableResult
     public func start() async -> Bool {
+        // Starts and suspensions run one after another, each whole (see ``lifeChain``).
+        let previous = lifeChain
+        let task = Task { () -> Bool in
+            await previous?.value
+            return await self.startNow()
+        }
+        lifeChain = Task { _ = await task.value }
+        return await task.value
+    }
+
+    func startNow() async -> Bool {
         guard !isShutDown else { return false }
-        // A suspension releasing the files finishes first (its close must not follow our open).
-        await releasing?.value
         if lockFile == nil {
             let (dir, store) = (configuration.stateDirectory, store)
             let lock = try? await BlockingIO.run { () -> PartialFile? in
@@ -256,10 +275,9 @@ public actor DownloadManager {
                 }
                 return lock
             }
-            // (Another start, or a shutdown, may have come meanwhile.)
-            guard let lock, lockFile == nil, !isShutDown else {
-                if lockFile == nil { lock?.close() }
-                return lockFile != nil && !isShutDown
+            guard let lock, !isShutDown else {
+                lock?.close()
+                return false
             }
             lockFile = lock
         }
@@ -276,6 +294,16 @@ public actor DownloadManager {
     /// (iOS ends a suspended app that holds a file lock in a shared container). Calls meanwhile
     /// (add, pause, remove) still work: the database is opened for each and closed after.
     public func suspend() async {
+        let previous = lifeChain
+        let task = Task {
+            await previous?.value
+            await self.suspendNow()
+        }
+        lifeChain = task
+        await task.value
+    }
+
+    func suspendNow() async {
         started = false
         let runs = running
         for id in runs.keys where stopping[id] == nil {
@@ -283,18 +311,13 @@ public actor DownloadManager {
             moveTo(id, .waiting)
         }
         for run in runs.values { await run.task.value }
-        // Not if a start came while the transfers ended.
         guard !started, !isShutDown, let lock = lockFile else { return }
         lockFile = nil
         let store = store
-        let release = Task {
-            _ = try? await BlockingIO.run {
-                store.suspend()
-                lock.close()
-            }
+        _ = try? await BlockingIO.run {
+            store.suspend()
+            lock.close()
         }
-        releasing = release
-        await release.value
     }
 
     /// Stops every transfer (each checkpoints first), saves the queue, and releases the state
@@ -303,6 +326,8 @@ public actor DownloadManager {
     public func shutdown() async {
         guard !isShutDown else { return }
         isShutDown = true
+        // A start taking the lock back, or a suspension releasing it, ends first.
+        await lifeChain?.value
         ticker?.cancel()
         let runs = running
         for (id, run) in runs {
@@ -798,7 +823,13 @@ public actor DownloadManager {
         let task = Task {
             await crashGuard?.running(id.rawValue)  // written before a byte of it runs
             let result: Result<DownloadResult, PickupError>
+            // A path stored relative to a base this launch does not name stays relative: never run
+            // under the current directory.
+            let path: FilePath = switch request.destination { case .file(let p), .directory(let p): p }
             do throws(PickupError) {
+                guard path.isAbsolute else {
+                    throw .invalidInput("\(path) is relative to a base this launch does not name (DownloadManager.Configuration.pathBases)")
+                }
                 result = .success(try await downloader.download(request) { event in
                     box.withLockedValue {
                         switch event {

@@ -245,7 +245,8 @@ final class ManagerStore: @unchecked Sendable {
         if queue { BlockingIO.submit { try? self.flush() } }
     }
 
-    /// Writes the pending rows now.
+    /// Writes the pending rows now. Rows that could not be written wait for the next write (never
+    /// dropped: a pause made while another process held the database is saved later).
     func flush() throws {
         let rows = pendingLock.withLock { () -> [DownloadRow] in
             defer {
@@ -254,7 +255,25 @@ final class ManagerStore: @unchecked Sendable {
             }
             return pending.keys.sorted().compactMap { pending[$0] }
         }
-        if !rows.isEmpty { try write(rows) }
+        guard !rows.isEmpty else { return }
+        do {
+            try write(rows)
+        } catch {
+            pendingLock.withLock { for r in rows { if let id = r.id, pending[id] == nil { pending[id] = r } } }
+            throw error
+        }
+    }
+
+    /// Rewrites the rows' paths as given (destinations and final paths relative to bases, for rows
+    /// stored before there were bases).
+    func rewritePaths(_ rows: [DownloadRow]) throws {
+        guard !rows.isEmpty else { return }
+        try withDatabase { queue in
+            try queue.write { db in
+                let statement = try db.cachedStatement(sql: "UPDATE download SET destinationPath = ?, finalPath = ? WHERE id = ?")
+                for r in rows { try statement.execute(arguments: [r.destinationPath, r.finalPath, r.id]) }
+            }
+        }
     }
 
     /// Saves rows (one statement, prepared once per connection).

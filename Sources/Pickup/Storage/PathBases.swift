@@ -11,10 +11,21 @@ public struct PathBases: Sendable, Equatable {
     /// The bases by name (a name: letters, digits, `-` and `_`).
     public var bases: [String: FilePath]
 
-    /// Bases by name.
+    /// The bases' paths with symlinks resolved, where they differ (`/private/var/...` for
+    /// `/var/...` on Apple platforms): a path written either way is found in its base.
+    var resolved: [String: FilePath] = [:]
+
+    /// Bases by name (their real paths read once, here).
     public init(_ bases: [String: FilePath] = [:]) {
         self.bases = bases.filter { name, path in
             !name.isEmpty && name.allSatisfy { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" } && path.isAbsolute
+        }
+        for (name, base) in self.bases {
+            if let real = realpath(base.string, nil) {
+                let path = FilePath(String(cString: real))
+                free(real)
+                if path != base.lexicallyNormalized() { resolved[name] = path }
+            }
         }
     }
 
@@ -36,7 +47,7 @@ public struct PathBases: Sendable, Equatable {
     public func portable(_ path: FilePath) -> String {
         let absolute = (path.isAbsolute ? path : FilePath(FileManager.default.currentDirectoryPath).pushing(path)).lexicallyNormalized()
         var best: (name: String, depth: Int, rest: FilePath)?
-        for (name, base) in bases {
+        for (name, base) in bases.map({ ($0, $1) }) + resolved.map({ ($0, $1) }) {
             var rest = absolute
             guard rest.removePrefix(base.lexicallyNormalized()) else { continue }
             let depth = base.components.count

@@ -67,8 +67,16 @@ public enum UnfinishedDownloads {
 
     /// Runs `body` with whether this process holds the lock of `base`'s partial file (another
     /// run holds it: false), the lock held meanwhile.
+    /// (Opened read-only, which a lock needs no more than; a partial file that is there but cannot
+    /// be opened, another user's, counts as held.)
     static func withLock(_ base: String, in dir: DirectoryHandle, _ body: (Bool) -> Void) {
-        guard let fd = try? dir.openFile(base + SafeFileName.partialSuffix, write: true) else { return body(true) }
+        let name = base + SafeFileName.partialSuffix
+        let fd: FileDescriptor
+        do {
+            fd = try dir.openFile(name, write: false)
+        } catch {
+            return body(!dir.exists(name))
+        }
         defer { try? fd.close() }
         body(flock(fd.rawValue, LOCK_EX | LOCK_NB) == 0)
     }

@@ -7,8 +7,8 @@ public enum Trace {
     /// secret (a user's `-H "X-Api-Key: …"`).
     static func isSecret(_ name: String) -> Bool {
         let n = name.lowercased()
-        return ["authorization", "proxy-authorization", "cookie", "set-cookie"].contains(n)
-            || ["token", "secret", "key", "password", "passwd", "auth", "session", "credential"].contains { n.contains($0) }
+        return ["authorization", "proxy-authorization", "cookie", "set-cookie", "sig"].contains(n)
+            || ["token", "secret", "key", "password", "passwd", "auth", "session", "credential", "signature"].contains { n.contains($0) }
     }
 
     /// A field as shown: its value redacted when secret, a URL's credentials removed, control
@@ -18,20 +18,37 @@ public enum Trace {
         if isSecret(name) {
             shown = "[redacted]"
         } else if name.lowercased() == "location" || name.lowercased() == "content-location" || name.lowercased() == "link" {
-            shown = value.contains("://") ? redactURLs(value) : value
+            shown = redactURLs(value)
         } else {
             shown = value
         }
         return printable(name, limit: 100) + ": " + printable(shown, limit: 300)
     }
 
-    /// The URLs in a field's value without their credentials.
+    /// The URLs in a field's value without their credentials (a scheme-relative `//user:pass@host`
+    /// too) and without the values of query parameters named like a secret.
     static func redactURLs(_ value: String) -> String {
         value.split(separator: " ", omittingEmptySubsequences: false).map { word in
-            guard word.contains("://") else { return String(word) }
+            guard word.contains("://") || word.hasPrefix("//") || word.hasPrefix("<//") else { return String(word) }
             let trimmed = word.trimmingCharacters(in: CharacterSet(charactersIn: "<>;,\""))
-            return word.replacingOccurrences(of: trimmed, with: DownloadURL.redacted(trimmed))
+            return word.replacingOccurrences(of: trimmed, with: url(trimmed))
         }.joined(separator: " ")
+    }
+
+    /// A URL as shown: no credentials, and the values of query parameters named like a secret
+    /// (`X-Amz-Signature`, `sig`, `access_token`, `key`...) as `[redacted]`.
+    static func url(_ text: String) -> String {
+        let relative = text.hasPrefix("//")
+        var shown = DownloadURL.redacted(relative ? "http:" + text : text)
+        if relative { shown.removeFirst("http:".count) }
+        guard let q = shown.firstIndex(of: "?") else { return shown }
+        let end = shown[q...].firstIndex(of: "#") ?? shown.endIndex
+        let query = shown[shown.index(after: q)..<end].split(separator: "&", omittingEmptySubsequences: false).map { pair -> String in
+            guard let eq = pair.firstIndex(of: "=") else { return String(pair) }
+            let name = pair[..<eq].removingPercentEncoding ?? String(pair[..<eq])
+            return isSecret(name) ? pair[..<eq] + "=[redacted]" : String(pair)
+        }.joined(separator: "&")
+        return String(shown[...q]) + query + String(shown[end...])
     }
 
     /// `text` with every control character (a terminal's escape sequences) as `?`, cut at `limit` characters.
@@ -49,7 +66,7 @@ public enum Trace {
 
     /// A request's head: `[n] > GET URL` and its fields.
     static func request(_ n: Int, url: String, fields: [(name: String, value: String)]) -> String {
-        (["[\(n)] > GET " + printable(DownloadURL.redacted(url), limit: 2000)] + fields.prefix(100).map { "[\(n)] > " + field($0.name, $0.value) })
+        (["[\(n)] > GET " + printable(Self.url(url), limit: 2000)] + fields.prefix(100).map { "[\(n)] > " + field($0.name, $0.value) })
             .joined(separator: "\n")
     }
 
