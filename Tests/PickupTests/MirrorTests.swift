@@ -86,7 +86,8 @@ import PickupDaemon
     @Test func aMirrorBusyAtFirstIsAskedAgainNotDropped() async throws {
         // (As a server still counting a killed run's connections answers the next run.)
         let f = try await Fixture(connections: 2)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
+        // (The first slow, so that the second is surely asked before the end, however loaded the machine.)
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 512 << 10))
         var busy = Self.mirror(body, etag: "\"b\"", cap: nil)
         busy.faults = [.status(503, [:])]
         f.server.set("/b", busy)
@@ -100,7 +101,7 @@ import PickupDaemon
 
     @Test func aMirrorAskingForTooLongAWaitIsLeftToTheOthers() async throws {
         let f = try await Fixture(connections: 2)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 512 << 10))
         var slow = Self.mirror(body, etag: "\"b\"", cap: nil)
         slow.faults = Array(repeating: .status(503, ["Retry-After": "3600"]), count: 4)
         f.server.set("/b", slow)
@@ -247,7 +248,7 @@ import PickupDaemon
 
     @Test func linkHeaderMirrorsAreUsed() async throws {
         let f = try await Fixture(connections: 4)
-        var primary = Self.mirror(body, etag: "\"a\"", cap: 1)
+        var primary = Self.mirror(body, etag: "\"a\"", cap: 1, rate: 512 << 10)
         primary.headers["Link"] = "<\(f.server.url("/b"))>; rel=duplicate; pri=1, <\(f.server.url("/c"))>; rel=duplicate; pri=2"
         f.server.set("/a", primary)
         f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: 2))
@@ -329,7 +330,7 @@ import PickupDaemon
 
     @Test func theAPITakesURLsAsMirrorsAndShowsThemWithoutCredentials() async throws {
         let f = try await DaemonFixture { $0.engine.connections = 4 }
-        f.server.set("/a.bin", Self.mirror(body, etag: "\"a\"", cap: 2))
+        f.server.set("/a.bin", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 512 << 10))
         f.server.set("/b.bin", Self.mirror(body, etag: "\"b\"", cap: 2))
         let secret = f.server.url("/b.bin").replacingOccurrences(of: "http://", with: "http://u:hunter2@")
         let added = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin"), name: "m.bin", urls: [secret]))
@@ -459,7 +460,7 @@ import PickupDaemon
     @Test func inputListTabsAndAMetalinkBadMirror() async throws {
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir(), docs = TempDir()
-        server.set("/a/f.bin", MirrorTests.mirror(body, etag: "\"a\"", cap: 2))
+        server.set("/a/f.bin", MirrorTests.mirror(body, etag: "\"a\"", cap: 2, rate: 512 << 10))
         server.set("/b/f.bin", MirrorTests.mirror(body, etag: "\"b\"", cap: 2))
         server.set("/bad/f.bin", MirrorTests.mirror(Resource.bytes(count: body.count, seed: 3), etag: "\"x\"", cap: 2))
         docs.write("list.txt", Array("\(server.url("/a/f.bin"))\t\(server.url("/b/f.bin")) out=listed.bin\n".utf8))
