@@ -89,7 +89,8 @@ public enum UnfinishedDownloads {
     public static func remove(_ download: UnfinishedDownload, in directory: FilePath) throws(PickupError) -> Bool {
         let dir = try DirectoryHandle.open(directory, create: false)
         let base = download.base
-        guard suffixes.contains(where: { (try? DirectoryHandle.check(base + $0)) != nil }) else { return false }
+        // (One path component, or nothing: a base from elsewhere never reaches into another directory.)
+        guard (try? DirectoryHandle.check(base + SafeFileName.partialSuffix)) != nil else { return false }
         var removed = false
         withLock(base, in: dir) { locked in
             guard locked else { return }

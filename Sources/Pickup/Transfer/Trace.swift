@@ -40,7 +40,7 @@ public enum Trace {
     static func url(_ text: String) -> String {
         let relative = text.hasPrefix("//")
         var shown = DownloadURL.redacted(relative ? "http:" + text : text)
-        if relative { shown.removeFirst("http:".count) }
+        if relative, shown.hasPrefix("http:") { shown.removeFirst("http:".count) }
         guard let q = shown.firstIndex(of: "?") else { return shown }
         let end = shown[q...].firstIndex(of: "#") ?? shown.endIndex
         let query = shown[shown.index(after: q)..<end].split(separator: "&", omittingEmptySubsequences: false).map { pair -> String in
