@@ -323,9 +323,7 @@ struct EngineFlags: ParsableArguments {
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout
         let env = ProcessInfo.processInfo.environment
-        transport.extraTrustRoots = (caCertificate.map { [$0] } ?? [])
-            + [env["SSL_CERT_FILE"]].compactMap { $0 }.filter(HTTPClientTransport.looksLikePEM)
-            + (env["SSL_CERT_DIR"].map { HTTPClientTransport.certificateFiles(in: $0) } ?? [])
+        transport.extraTrustRoots = (caCertificate.map { [$0] } ?? []) + HTTPClientTransport.environmentTrustRoots(env)
         transport.proxies = (try? ProxyRules.resolve(proxy: proxy, noProxy: noproxy, tunnel: proxytunnel,
                                                      environment: ProcessInfo.processInfo.environment)) ?? ProxyRules()
         return (options, transport)

@@ -376,4 +376,28 @@ struct TLSCloseTests {
         #expect(roots.count == 2, "one each of two certificates, from five paths")
         #expect(HTTPClientTransport.trustRoots([second, cert]).count == 2)
     }
+
+    /// `SSL_CERT_FILE` and `SSL_CERT_DIR` naming the platform's own bundle and directory (as many
+    /// containers set them) add nothing: NIOSSL trusts those already, and parsing them again cost
+    /// every start. Any other file or directory is read.
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"), "openssl missing"))
+    func theEnvironmentsCopiesOfThePlatformTrustAreNotReadAgain() throws {
+        let keys = TempDir(), linked = TempDir()
+        let (cert, _) = try makeLoopbackCertificate(in: keys)
+        let own = HTTPClientTransport.environmentTrustRoots(["SSL_CERT_FILE": cert, "SSL_CERT_DIR": keys.path.string])
+        #expect(own.first == cert && own.contains(keys.file("cert.pem").string), "\(own)")
+        #expect(HTTPClientTransport.environmentTrustRoots([:]).isEmpty)
+        #if os(Linux)
+        guard let bundle = HTTPClientTransport.platformBundles.first(where: { FileManager.default.fileExists(atPath: $0) }),
+              let directory = HTTPClientTransport.platformDirectories.first(where: { FileManager.default.fileExists(atPath: $0) })
+        else { return }
+        // Also through a symlink: compared by real path.
+        try FileManager.default.createSymbolicLink(atPath: linked.file("bundle.crt").string, withDestinationPath: bundle)
+        for env in [["SSL_CERT_FILE": bundle, "SSL_CERT_DIR": directory], ["SSL_CERT_FILE": linked.file("bundle.crt").string]] {
+            #expect(HTTPClientTransport.environmentTrustRoots(env).isEmpty, "\(env)")
+        }
+        let mixed = HTTPClientTransport.environmentTrustRoots(["SSL_CERT_FILE": bundle, "SSL_CERT_DIR": keys.path.string])
+        #expect(mixed == HTTPClientTransport.certificateFiles(in: keys.path.string) && !mixed.isEmpty)
+        #endif
+    }
 }

@@ -525,6 +525,7 @@ final class FTPData: Sendable {
         let channel = try await FTPConnection.open(reach, port: port, direct: address, on: loop, timeout: timeout, autoRead: false, configure: {
             $0.channelOption(ChannelOptions.autoRead, value: false)
                 .channelOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
+                .channelOption(ChannelOptions.maxMessagesPerRead, value: ReadBudget.readsPerWakeUp)
         }) { ops in
             if let (context, name) = tls {
                 try ops.addHandler(try NIOSSLClientHandler(context: context, serverHostname: name))

@@ -212,9 +212,15 @@ public final class DirectoryHandle: Sendable {
         if durable { sync(barrier: barrier) }
     }
 
-    /// Makes the directory's entries (creates, renames, unlinks) durable.
+    /// Makes the directory's entries (creates, renames, unlinks) durable: returns once an fsync of
+    /// the directory that started after this call has ended, shared with the other downloads
+    /// finishing in it at the same time (``DirectorySync``).
     func sync(barrier: Bool = false) {
-        try? FS.fsync(FileDescriptor(rawValue: fd), barrier: barrier)
+        guard let key = DirectorySync.key(of: fd, barrier: barrier) else {
+            try? FS.fsync(FileDescriptor(rawValue: fd), barrier: barrier)
+            return
+        }
+        DirectorySync.shared.sync(fd, key: key)
     }
 }
 

@@ -112,7 +112,9 @@ public final class HTTPClientTransport: Transport {
         let budget = ReadBudget(maxRead: options.maxReadSize, budget: options.readBudget)
         self.budget = budget
         config.http1_1ConnectionDebugInitializer = { channel in
-            channel.setOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
+            channel.setOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget)).flatMap {
+                channel.setOption(ChannelOptions.maxMessagesPerRead, value: ReadBudget.readsPerWakeUp)
+            }
         }
         // (An HTTP/2 connection reads for all its streams: the same budget.)
         config.http2ConnectionDebugInitializer = config.http1_1ConnectionDebugInitializer
@@ -179,6 +181,40 @@ public final class HTTPClientTransport: Transport {
         guard let certificates = try? NIOSSLCertificate.fromPEMFile(path), !certificates.isEmpty else {
             throw .invalidInput("\(path) holds no PEM certificate")
         }
+    }
+
+    /// The PEM files that `SSL_CERT_FILE` and `SSL_CERT_DIR` name, less those the platform's own
+    /// trust already holds. On Linux NIOSSL trusts the distribution's bundle and certificate
+    /// directory (`/etc/ssl/certs/ca-certificates.crt` or `/etc/pki/tls/certs/ca-bundle.crt`, and
+    /// `/etc/ssl/certs`, looked up by hashed name as OpenSSL's tools do); many containers point both
+    /// variables at exactly those, and reading them again parsed some 150 certificates at every start
+    /// and added each again to every TLS context's store. Compared by their real paths.
+    public static func environmentTrustRoots(_ environment: [String: String]) -> [String] {
+        let file = environment["SSL_CERT_FILE"].flatMap { isPlatformTrust($0, candidates: platformBundles) ? nil : $0 }
+        let directory = environment["SSL_CERT_DIR"].flatMap { isPlatformTrust($0, candidates: platformDirectories) ? nil : $0 }
+        return [file].compactMap { $0 }.filter(looksLikePEM) + (directory.map(certificateFiles(in:)) ?? [])
+    }
+
+    #if os(Linux)
+    /// NIOSSL's search lists (its `LinuxCABundle.swift`): the first that exists is the one trusted.
+    static let platformBundles = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"]
+    static let platformDirectories = ["/etc/ssl/certs"]
+    #else
+    // Apple platforms trust through the system's keychain: every file named is an addition.
+    static let platformBundles: [String] = []
+    static let platformDirectories: [String] = []
+    #endif
+
+    /// Whether `path` is, by its real path, the first of `candidates` that exists.
+    static func isPlatformTrust(_ path: String, candidates: [String]) -> Bool {
+        guard let trusted = candidates.first(where: { FileManager.default.fileExists(atPath: $0) }) else { return false }
+        func real(_ p: String) -> String? {
+            guard let resolved = realpath(p, nil) else { return nil }
+            defer { free(resolved) }
+            return String(cString: resolved)
+        }
+        guard let mine = real(path), let theirs = real(trusted) else { return false }
+        return mine == theirs
     }
 
     /// The PEM files a directory of certificates holds (`SSL_CERT_DIR`): `*.pem` and `*.crt`.
@@ -480,6 +516,11 @@ final class ReadBudget: Sendable {
     let budget: Int
     let inFlight = ManagedAtomic(0)
     static let minRead = 65536
+    /// Reads per wake-up of a connection (NIO's `maxMessagesPerRead`, 4 by default), which is also
+    /// how many read buffers NIO keeps for the connection: a buffer still held downstream (by TLS
+    /// for a record cut in two, or by the HTTP parser) makes NIO take another, and each keeps the
+    /// size it had. One: a read is up to 1 MiB anyway, and a connection keeps one buffer, not four.
+    static let readsPerWakeUp: UInt = 1
 
     init(maxRead: Int, budget: Int) {
         self.maxRead = max(Self.minRead, maxRead)

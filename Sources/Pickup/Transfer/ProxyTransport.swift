@@ -191,6 +191,7 @@ final class ProxyTransport: Sendable {
             .connectTimeout(connectTimeout)
             .channelOption(ChannelOptions.tcpOption(.tcp_nodelay), value: 1)
             .channelOption(ChannelOptions.recvAllocator, value: BudgetedRecvAllocator(budget: budget))
+            .channelOption(ChannelOptions.maxMessagesPerRead, value: ReadBudget.readsPerWakeUp)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let client = ProxyClientHandler()
