@@ -27,6 +27,9 @@ public struct DaemonClient: Sendable {
     /// `http://host:port`.
     public let baseURL: String
     let token: String
+    /// How long one API call may take (tests on a loaded machine, whose daemon fsyncs behind
+    /// other tests' writes, give it longer).
+    var requestTimeout: TimeAmount = .seconds(30)
 
     /// A client of the daemon at `baseURL`.
     public init(baseURL: String, token: String) {
@@ -133,7 +136,7 @@ public struct DaemonClient: Sendable {
     func send(_ method: HTTPMethod, _ path: String, body: (any Encodable)?) async throws -> Data {
         let response: HTTPClientResponse
         do {
-            response = try await HTTPClient.shared.execute(request(method, path, body: body), timeout: .seconds(30))
+            response = try await HTTPClient.shared.execute(request(method, path, body: body), timeout: requestTimeout)
         } catch {
             throw DaemonClientError.unreachable("\(baseURL): \(error)")
         }

@@ -8,7 +8,7 @@ import TestServer
 
 /// What an app embedding the manager relies on: background and foreground, a UI model, waiting
 /// for one download.
-@Suite(.timeLimit(.minutes(1))) struct AppLifeTests {
+@Suite(.timeLimit(.minutes(3))) struct AppLifeTests {
     /// Going to the background stops every transfer after a checkpoint and starts nothing; coming
     /// back resumes them from where they were.
     @Test func suspendStopsEveryTransferAndStartResumesThem() async throws {

@@ -5,7 +5,7 @@ import Testing
 @testable import Pickup
 
 /// Settings changed over the API by many clients at once.
-@Suite(.timeLimit(.minutes(2))) struct DaemonSettingsTests {
+@Suite(.timeLimit(.minutes(4))) struct DaemonSettingsTests {
     /// Rounds of random PATCH /settings (a few refused) and GETs sent all at once to a daemon.
     /// After each round there must be an order in which the accepted changes ran one after the
     /// other, each answer being the state its change made from the one before, ending at the state

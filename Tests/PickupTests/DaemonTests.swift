@@ -45,6 +45,8 @@ final class DaemonFixture: @unchecked Sendable {
         self.daemon = daemon
         baseURL = try #require(first)
         client = DaemonClient(baseURL: baseURL, token: daemon.token)
+        // Settings changes fsync behind every other test's writes when the whole suite runs.
+        client.requestTimeout = .seconds(90)
     }
 
     /// Stops the daemon as SIGTERM would (the manager checkpoints and shuts down).

