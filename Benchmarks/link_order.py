@@ -27,10 +27,10 @@ ROOT = bench.ROOT
 OUTPUT = os.path.join(ROOT, "Sources", "pickup", "link-order.txt")
 
 
-def executed(binary, args, env):
-    """The names of the functions of `binary` that ran under callgrind, in the order it lists them."""
-    out = tempfile.mktemp(suffix=".callgrind")
-    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no",
+def executed(binary, args, env, work):
+    """The (mangled) names of the functions of `binary` that ran under callgrind, in the order it lists them."""
+    out = os.path.join(work, "callgrind.out")
+    subprocess.run(["valgrind", "--tool=callgrind", "--demangle=no", f"--callgrind-out-file={out}", "--dump-instr=no",
                     "--compress-strings=no", "--compress-pos=no", binary] + args,
                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=900)
     names, obj = [], None
@@ -45,9 +45,10 @@ def executed(binary, args, env):
 
 
 def objects_by_symbol(work):
-    """Each text symbol's object file, from a map of the release link."""
+    """Each text symbol's object file, from a map of the release link (mangled names, as the ordering
+    file needs them: lld writes C++ names demangled in its map unless told not to)."""
     link_map = os.path.join(work, "link.map")
-    subprocess.run(["swift", "build", "-c", "release", "--product", "pickup", "-Xlinker", f"-Map={link_map}"],
+    subprocess.run(["swift", "build", "-c", "release", "--product", "pickup", "-Xlinker", f"-Map={link_map}", "-Xlinker", "--no-demangle"],
                    cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
     owner, current = {}, None
     with open(link_map, errors="replace") as f:
@@ -87,8 +88,8 @@ def main():
                                       ["get", base + "/file.bin", "-o", os.path.join(work, f"one-{n}"), "-x", "1"],
                                       ["get", "-i", listing, "-d", os.path.join(work, f"batch-{n}"), "-j", "16"])):
                 env = dict(os.environ, PICKUP_STATE_DIR=os.path.join(work, f"state-{n}-{i}"))
-                names += executed(stripped, args + trust + ["-q"], env)
-        names += executed(stripped, ["--version"], dict(os.environ))
+                names += executed(stripped, args + trust + ["-q"], env, work)
+        names += executed(stripped, ["--version"], dict(os.environ), work)
         owner = objects_by_symbol(work)
         chosen, seen = [], set()
         for name in names:
