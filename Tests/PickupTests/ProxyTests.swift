@@ -38,6 +38,29 @@ import TestServer
 
 /// Through real proxies from Debian's packages (installed by .ci/run); skipped where missing.
 @Suite(.serialized) struct ProxyTests {
+    /// A response head is decided off the event loop (the sink may touch files): the parts that
+    /// came with it wait, and a short response often ends among them, giving its connection back
+    /// before reading is on again. Each next request on that kept-alive connection must be read
+    /// (it waited for the stall timeout, then failed). Squid keeps the client's connection open.
+    @Test(.enabled(if: SquidProcess.binary != nil, "squid is not installed"))
+    func aConnectionGivenBackWithItsHeadReadsTheNextResponse() async throws {
+        let squid = try SquidProcess()
+        defer { squid.stop() }
+        let server = try await TestServer.start()
+        defer { Task { await server.stop() } }
+        server.set("/k.bin", Resource(body: [1, 2, 3]))
+        var options = testTransport(stall: 30)
+        options.proxies = try ProxyRules.resolve(proxy: squid.url, noProxy: nil, environment: [:])
+        let transport = HTTPClientTransport(options: options)
+        for _ in 0..<4 {
+            let sink = DocumentSink(limit: 16)
+            try await transport.fetch(FetchRequest(url: server.url("/k.bin")), into: sink)
+            #expect(sink.head?.status == 200 && sink.bytes == [1, 2, 3])
+        }
+        await transport.shutdown()
+        #expect(server.requests("/k.bin").count == 4)
+    }
+
     @Test(.enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
     func severalConnectionsThroughAnHTTPProxy() async throws {
         let proxy = try ProxyProcess(.tinyproxy)

@@ -5,9 +5,10 @@ import Foundation
 /// every held byte; the record learns validators, length and name.
 extension FileDownload {
     /// Applies a decision on a response head. Returns the cursor, offset and response end to write
-    /// the body with, or nil when the body is not file content. On the response's event loop;
-    /// the file-system calls it needs (the cursor file's mapping, preallocation, a truncation for a
-    /// 200) run outside `lock`, and the control file is written on the blocking-I/O pool.
+    /// the body with, or nil when the body is not file content. On the blocking-I/O pool (the
+    /// transport calls the sink's head there, never on its event loop); the file-system calls it
+    /// needs (the cursor file's mapping, preallocation, a truncation for a 200, the control file)
+    /// run outside `lock`.
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
                       cursor: SegmentCursor, latency: Double, connection: Int, source: Int = 0) throws -> (SegmentCursor, Int64, Int64?)? {
         if decision.writes {
@@ -185,11 +186,14 @@ extension FileDownload {
             return others
         }
         guard let others else { return .stale }
+        // A writer inside a chunk is in one pwrite: it leaves within microseconds, or within a
+        // slow disk's milliseconds. Looked at again every 50 µs, on the blocking-I/O pool (the
+        // head's thread), never on an event loop.
         let deadline = Clock.monotonic() + 2
         for c in others {
             while c.writing.load(ordering: .sequentiallyConsistent) {
                 if Clock.monotonic() > deadline { return .timedOut }
-                sched_yield()
+                usleep(50)
             }
         }
         return .stopped

@@ -4,11 +4,6 @@ import Foundation
 /// (``DownloadRequest/followMetalink``): the body is not file content.
 struct MetalinkAnswer: SinkError {}
 
-/// The Metalink document the URL answered with, read and parsed: the run ends with it.
-struct MetalinkFollowed: Error {
-    let metalink: Metalink
-}
-
 /// A small document read whole into memory, at most `limit` bytes (more is refused, not read).
 /// The transport calls it from one thread at a time, in order; it is read after `fetch` returns.
 final class DocumentSink: ResponseSink, @unchecked Sendable {

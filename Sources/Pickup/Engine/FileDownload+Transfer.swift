@@ -23,12 +23,21 @@ extension ResponseDecision {
     }
 }
 
+/// How ``FileDownload/transferAll(file:conditional:)`` ended: every byte held, or a first answer
+/// that made fetching unnecessary.
+enum Transferred {
+    /// Every byte is held (and the pieces checked).
+    case complete
+    /// A finished file's check: the server has the same file.
+    case unchanged(FilePath, CompletionRecord)
+    /// The URL answered with a Metalink document (``DownloadRequest/followMetalink``), read and
+    /// parsed: nothing was written, and the caller downloads what it describes.
+    case metalink(Metalink)
+}
+
 extension FileDownload {
-    /// Runs connections until every byte is held. Returns the finished file when a conditional
-    /// check says it is unchanged.
-    func transferAll(file: PartialFile, conditional initial: (FilePath, CompletionRecord)?) async throws
-        -> (FilePath, CompletionRecord)?
-    {
+    /// Runs connections until every byte is held, or a first answer made it unnecessary.
+    func transferAll(file: PartialFile, conditional initial: (FilePath, CompletionRecord)?) async throws -> Transferred {
         var conditional = initial
         var restarts = 0
         while true {
@@ -61,14 +70,14 @@ extension FileDownload {
                         if lock.withLock({ state.isComplete }) { group.cancelAll() }
                     }
                 }
-                let (result, complete) = lock.withLock { (unchanged, state.scheduler?.isComplete ?? true) }
-                if result != nil { return result }
+                let (early, complete) = lock.withLock { (endedEarly, state.scheduler?.isComplete ?? true) }
+                if let early { return early }
                 if complete {
                     let good = try await BlockingIO.run {
                         try self.request.pieces.map { try self.verifyPieces($0, file: file) } ?? true
                             ? try self.searchForTheBadSource(file: file) : false
                     }
-                    if good { return nil }
+                    if good { return .complete }
                     restarts += 1
                     guard restarts <= options.retry.maxAttemptsWithoutProgress else {
                         throw PickupError.verification("the file keeps failing its hash, whichever source its bytes come from")
@@ -138,8 +147,8 @@ extension FileDownload {
                     continue
                 case .retired:
                     return
-                case .unchanged(let path, let rec):
-                    lock.withLock { unchanged = (path, rec) }
+                case .ended(let early):
+                    lock.withLock { endedEarly = early }
                     return
                 }
                 conditional = nil
@@ -255,7 +264,8 @@ extension FileDownload {
         /// Done, its response cut short (another connection took the rest of the range), which
         /// closed its connection; only where ranges go in pieces (``piecewise(_:)``).
         case cut
-        case unchanged(FilePath, CompletionRecord)
+        /// The run ends without every byte fetched (``Transferred/unchanged(_:_:)`` or ``Transferred/metalink(_:)``).
+        case ended(Transferred)
     }
 
     /// Fetches one range with retries until it is complete.
@@ -357,7 +367,7 @@ extension FileDownload {
             } catch is RangeComplete {
                 return piecewise(url) ? .cut : .done
             } catch is MetalinkAnswer {
-                throw MetalinkFollowed(metalink: try await readMetalink(at: url))
+                return .ended(.metalink(try await readMetalink(at: url)))
             } catch let rejected as SourceRejected {
                 // This source's answer is not this file (another length, no ranges, other
                 // validators): retired, and the range goes on from another source.
@@ -413,7 +423,7 @@ extension FileDownload {
                 lock.withLock { completeUnknownLength(cursor) }
                 return .done
             case .notModified?:
-                if let conditional { return .unchanged(conditional.0, conditional.1) }
+                if let conditional { return .ended(.unchanged(conditional.0, conditional.1)) }
                 return .done
             case .startOver(let why)?:
                 // One mirror's file is not the others' (changed, another length): it goes, not the bytes.

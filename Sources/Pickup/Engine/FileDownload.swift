@@ -49,7 +49,9 @@ final class FileDownload: @unchecked Sendable {
     var resolvedURL: String { state.sources.url(0) }
     /// Told when the first response allows more connections.
     var moreConnections: AsyncStream<Void>.Continuation?
-    var unchanged: (FilePath, CompletionRecord)?
+    /// How the run ended without every byte fetched, when a connection learnt it (a finished
+    /// file's check, a Metalink answer). With `lock` held.
+    var endedEarly: Transferred?
     /// While shed to one connection (``ConnectionTuner``), the others wait here.
     let restore = Gate()
     /// Fed when more connections open and on every progress tick (nil: fixed connections).
@@ -167,13 +169,21 @@ final class FileDownload: @unchecked Sendable {
         startMonitoring()
         defer { stopMonitoring() }
         do {
-            let unchanged = try await transferAll(file: file, conditional: conditional)
+            let ending = try await transferAll(file: file, conditional: conditional)
             stopMonitoring()
-            if let (path, rec) = unchanged {
+            switch ending {
+            case .complete:
+                break
+            case .unchanged(let path, let rec):
                 onEvent(.notice("already downloaded and unchanged on the server: \(path) (\(ByteCount.format(rec.length)))"))
                 try await endWithNothingWritten(file, unchanged: true)
                 return DownloadResult(outcome: .unchanged, path: path, size: rec.length, bytesTransferred: 0,
                                       resumedFrom: rec.length, elapsed: Clock.monotonic() - started)
+            case .metalink(let metalink):
+                // Nothing was written: no partial file stays, and the caller downloads what it describes.
+                try await endWithNothingWritten(file)
+                return DownloadResult(outcome: .metalink, path: partialPath.removingLastComponent(), size: 0, bytesTransferred: 0,
+                                      resumedFrom: 0, elapsed: Clock.monotonic() - started, metalink: metalink)
             }
             let (path, size, digest) = try await BlockingIO.run {
                 defer { self.end(file) }
@@ -183,12 +193,6 @@ final class FileDownload: @unchecked Sendable {
                                   bytesTransferred: transferred.load(ordering: .relaxed),
                                   resumedFrom: lock.withLock { state.keptFromStart },
                                   elapsed: Clock.monotonic() - started, digest: digest)
-        } catch let followed as MetalinkFollowed {
-            // Nothing was written: no partial file stays, and the caller downloads what it describes.
-            stopMonitoring()
-            try await endWithNothingWritten(file)
-            return DownloadResult(outcome: .metalink, path: partialPath.removingLastComponent(), size: 0, bytesTransferred: 0,
-                                  resumedFrom: 0, elapsed: Clock.monotonic() - started, metalink: followed.metalink)
         } catch {
             stopMonitoring()
             // Runs even when the task is cancelled (the pool does not look at cancellation).

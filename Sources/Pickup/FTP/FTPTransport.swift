@@ -232,7 +232,8 @@ final class FTPTransport: Sendable {
         // Ranges need the length; a validator that does not match means the whole file.
         let ranged = range != nil && size != nil && (ifRange == nil || ifRange == etag)
         if ranged, let size, let range, range.first >= size {
-            try sink.receiveHead(ResponseHead(status: 416, headers: headers + [("Content-Range", "bytes */\(size)")]))
+            let head = ResponseHead(status: 416, headers: headers + [("Content-Range", "bytes */\(size)")])
+            try await BlockingIO.run { try sink.receiveHead(head) }
             return
         }
         var start = ranged ? range?.first ?? 0 : 0
@@ -252,11 +253,13 @@ final class FTPTransport: Sendable {
             let lastByte = min(range.last ?? (size - 1), size - 1)
             end = lastByte + 1
             headers += [("Content-Range", "bytes \(start)-\(lastByte)/\(size)"), ("Content-Length", "\(lastByte + 1 - start)")]
-            try sink.receiveHead(ResponseHead(status: 206, headers: headers))
+            let head = ResponseHead(status: 206, headers: headers)
+            try await BlockingIO.run { try sink.receiveHead(head) }
         } else {
             end = size
             if let size { headers.append(("Content-Length", "\(size)")) }
-            try sink.receiveHead(ResponseHead(status: 200, headers: headers))
+            let head = ResponseHead(status: 200, headers: headers)
+            try await BlockingIO.run { try sink.receiveHead(head) }
         }
         let data = try await FTPData.connect(reach, direct: control.peer, port: dataPort, on: control.channel.eventLoop,
                                              timeout: connectTimeout, budget: budget,

@@ -1,3 +1,4 @@
+import NIOCore
 import NIOPosix
 
 /// The threads where blocking file-system calls run (fsync, rename, link, unlink, opening new
@@ -26,6 +27,12 @@ package enum BlockingIO {
                 continuation.resume(with: Result(catching: body))
             }
         }
+    }
+
+    /// Runs `body` on the pool; its result (or error) completes the future on `loop`. For work an
+    /// event loop must not do itself (a response head's file-system work).
+    static func future<T: Sendable>(on loop: any EventLoop, _ body: @escaping @Sendable () throws -> T) -> EventLoopFuture<T> {
+        pool.runIfActive(eventLoop: loop, body)
     }
 
     /// Runs `body` on the pool, not waiting for it.

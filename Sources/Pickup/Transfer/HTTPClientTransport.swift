@@ -337,6 +337,7 @@ public final class HTTPClientTransport: Transport {
                 task.cancel()
             }
         } catch {
+            await delegate.settled()
             try Task.checkCancellation()
             if delegate.headTimedOut.load(ordering: .relaxed) {
                 throw TransportError.protocolViolation("no complete response head within \(headTimeout.nanoseconds / 1_000_000_000) s")
@@ -452,19 +453,26 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
 
     init(_ sink: Sink) { self.sink = sink }
 
+    /// The sink's work on the head, which may block (it runs on ``BlockingIO``): AsyncHTTPClient
+    /// delivers no body part before it ends, and ``settled()`` waits for it after a failure.
+    let headWork = NIOLockedValueBox<EventLoopFuture<Void>?>(nil)
+
     func didReceiveHead(task: HTTPClient.Task<Void>, _ head: HTTPResponseHead) -> EventLoopFuture<Void> {
-        let ok = task.eventLoop.makeSucceededVoidFuture()
-        done = ok
+        done = task.eventLoop.makeSucceededVoidFuture()
         gotHead = true
         headDeadline?.cancel()
         headDeadline = nil
-        do {
-            try sink.receiveHead(
-                ResponseHead(status: Int(head.status.code), headers: head.headers.map { ($0.name, $0.value) }))
-            return ok
-        } catch {
-            return task.eventLoop.makeFailedFuture(error)
-        }
+        let head = ResponseHead(status: Int(head.status.code), headers: head.headers.map { ($0.name, $0.value) })
+        let sink = self.sink
+        let work = BlockingIO.future(on: task.eventLoop) { try sink.receiveHead(head) }
+        headWork.withLockedValue { $0 = work }
+        return work
+    }
+
+    /// Returns once the sink's work on the head (if it began) has ended: a request that failed
+    /// meanwhile (cancelled, cut) does not return while the sink still decides on its head.
+    func settled() async {
+        _ = try? await headWork.withLockedValue { $0 }?.get()
     }
 
     func didReceiveBodyPart(task: HTTPClient.Task<Void>, _ buffer: ByteBuffer) -> EventLoopFuture<Void> {

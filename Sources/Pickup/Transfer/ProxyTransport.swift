@@ -290,6 +290,12 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var keepAlive = false
     private var pause: Scheduled<Void>?
     private var watchdog: Scheduled<Void>?
+    /// While the sink decides on the head, on ``BlockingIO`` (it may touch the file system, which
+    /// an event loop must not): reading is off, the parts already decoded wait here, and an end
+    /// that comes meanwhile (a cut, a stall) waits too, so the exchange never ends under it.
+    private var headPending = false
+    private var held: [HTTPClientResponsePart] = []
+    private var endedWhilePending: (error: (any Error)?, keep: Bool)?
 
     static func addHTTPHandlers(_ client: ProxyClientHandler, to pipeline: ChannelPipeline.SynchronousOperations,
                                 after: (any ChannelHandler)?) throws {
@@ -364,8 +370,17 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let part = unwrapInboundIn(data)
+        if headPending {
+            held.append(part)
+            return
+        }
+        receive(part, context: context)
+    }
+
+    private func receive(_ part: HTTPClientResponsePart, context: ChannelHandlerContext) {
         guard let exchange else { return }
-        switch unwrapInboundIn(data) {
+        switch part {
         case .head(let head):
             gotHead = true
             keepAlive = head.isKeepAlive
@@ -380,11 +395,12 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
                 fail(refusal)
                 return
             }
-            do {
-                try exchange.sink.receiveHead(ResponseHead(status: Int(head.status.code), headers: head.headers.map { ($0.name, $0.value) }))
-            } catch {
-                fail(error)
-            }
+            headPending = true
+            context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
+            let sink = exchange.sink
+            let response = ResponseHead(status: Int(head.status.code), headers: head.headers.map { ($0.name, $0.value) })
+            BlockingIO.future(on: context.eventLoop) { try sink.receiveHead(response) }
+                .assumeIsolated().whenComplete { result in self.headDecided(result, context: context) }
         case .body(let buffer):
             if lowWater > 1 {
                 remaining -= Int64(buffer.readableBytes)
@@ -414,6 +430,23 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
         try? options.setOption(ChannelOptions.socketOption(NIOBSDSocket.Option(rawValue: SO_RCVLOWAT)), value: Int(bytes))
     }
 
+    /// The sink has decided on the head: the parts held meanwhile are taken in order (the end of
+    /// a short response often came with its head), then an end that came meanwhile, else reading
+    /// goes on.
+    private func headDecided(_ result: Result<Void, any Error>, context: ChannelHandlerContext) {
+        headPending = false
+        let parts = held
+        held = []
+        let ended = endedWhilePending
+        endedWhilePending = nil
+        if case .failure(let error) = result { return fail(error) }
+        // Reading goes on first: a response that ended among the held parts gives its connection
+        // back for the next request, which must find it reading.
+        if pause == nil { context.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in } }
+        for part in parts where exchange != nil { receive(part, context: context) }
+        if let ended { finish(ended.error, keep: ended.keep) }
+    }
+
     private func endPause() {
         pause?.cancel()
         pause = nil
@@ -438,6 +471,10 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     private func finish(_ error: (any Error)?, keep: Bool) {
         guard let exchange else { return }
+        if headPending {
+            if endedWhilePending == nil { endedWhilePending = (error, keep) }
+            return
+        }
         self.exchange = nil
         watchdog?.cancel()
         watchdog = nil

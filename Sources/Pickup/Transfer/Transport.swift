@@ -29,7 +29,10 @@ public struct FetchRequest: Sendable {
 /// Receives one response as it arrives. Calls come in order on one thread at a time; the body
 /// call is the per-chunk hot path and must not allocate, hop or await.
 public protocol ResponseSink: AnyObject, Sendable {
-    /// The response head. Throwing aborts the transfer with that error.
+    /// The response head. Throwing aborts the transfer with that error. It may block (the engine
+    /// opens, truncates and writes files here): a transport calls it where blocking is allowed,
+    /// never on an event loop or Swift's cooperative pool, and delivers no body part and does not
+    /// return from ``Transport/fetch(_:into:)`` before it has returned.
     func receiveHead(_ head: ResponseHead) throws
     /// A chunk of the body. Returns the seconds to wait before reading more (0: go on at once;
     /// a speed limit answers more). Throwing aborts the transfer with that error.
