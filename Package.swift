@@ -30,6 +30,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         // X509 (already built for AsyncHTTPClient): a tunnelled IP-literal origin's certificate names.
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        // RawStructuredFieldValues (already built for NIOExtras): Repr-Digest, a structured dictionary.
+        .package(url: "https://github.com/apple/swift-http-structured-headers.git", from: "1.7.0"),
     ],
     targets: [
         .target(name: "CPickupShims"),
@@ -51,6 +53,7 @@ let package = Package(
                 .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "X509", package: "swift-certificates"),
+                .product(name: "RawStructuredFieldValues", package: "swift-http-structured-headers"),
             ],
             // Apple's privacy manifest (required-reason APIs: file timestamps), in the target's bundle.
             resources: [.copy("PrivacyInfo.xcprivacy")]

@@ -1,4 +1,5 @@
 import Foundation
+import RawStructuredFieldValues
 
 /// A digest algorithm Pickup can verify a finished file with.
 public enum DigestAlgorithm: String, Sendable, Codable, CaseIterable {
@@ -87,19 +88,19 @@ public enum DigestHeader {
         }
     }
 
-    /// `sha-256=:BASE64:, sha-512=:BASE64:` (unknown algorithms and malformed members ignored).
+    /// `sha-256=:BASE64:, sha-512=:BASE64:`: a structured dictionary (RFC 9651, parsed by
+    /// swift-http-structured-headers) whose members are byte sequences. A field that does not
+    /// parse is ignored whole (RFC 9651 section 4.2); members of unknown algorithms, of another
+    /// type or of the wrong length are skipped.
     static func parseReprDigest(_ value: String) -> [(DigestAlgorithm, [UInt8])] {
-        value.split(separator: ",").compactMap { member in
-            let m = member.trimmingSpaces
-            guard let eq = m.firstIndex(of: "="), let algo = DigestAlgorithm(name: String(m[..<eq])) else {
-                return nil
-            }
-            var v = m[m.index(after: eq)...]
-            if let semi = v.firstIndex(of: ";") { v = v[..<semi] }
-            guard v.count >= 2, v.first == ":", v.last == ":",
-                let data = Data(base64Encoded: String(v.dropFirst().dropLast())), data.count == algo.byteCount
+        var parser = StructuredFieldValueParser(Array(value.utf8))
+        guard let members = try? parser.parseDictionaryFieldValue() else { return [] }
+        return members.compactMap { key, member in
+            guard case .item(let item) = member, case .undecodedByteSequence(let base64) = item.rfc9651BareItem,
+                let algorithm = DigestAlgorithm(name: key), let bytes = Data(base64Encoded: base64),
+                bytes.count == algorithm.byteCount
             else { return nil }
-            return (algo, Array(data))
+            return (algorithm, Array(bytes))
         }
     }
 
