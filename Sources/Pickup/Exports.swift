@@ -1,2 +1,3 @@
-// `FilePath` is in Pickup's API (destinations, results): an app that imports Pickup has it too.
-@_exported import SystemPackage
+// Pickup does not re-export SystemPackage: on Apple platforms its `FilePath` is another type than
+// `System.FilePath`, and an app importing both would find the name ambiguous. The API takes and
+// gives `URL` too (Core/URLConveniences.swift); code that names `FilePath` imports SystemPackage.

@@ -199,6 +199,29 @@ import TestServer
         await f.close()
     }
 
+    /// An app speaks in Foundation `URL`s: a file URL with a space for the directory and the state,
+    /// a web URL to download, and `fileURL` back.
+    @Test func urlsInAndOut() async throws {
+        let f = try await ManagerFixture()
+        let bodies = f.serveFiles(1, size: 20_000)
+        let folder = URL(fileURLWithPath: f.dir.path.string, isDirectory: true).appendingPathComponent("My Files")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        #expect(Destination.directory(at: folder) == .directory(f.dir.path.appending("My Files")))
+        #expect(Destination.file(at: folder.appendingPathComponent("a b.bin")) == .file(f.dir.path.appending("My Files/a b.bin")))
+        let web = try #require(URL(string: f.server.url("/f/0.bin")))
+        let m = try DownloadManager(configuration: .init(stateDirectory: folder.appendingPathComponent(".state")))
+        let id = try await m.add(web, to: .file(at: folder.appendingPathComponent("copy.bin")))
+        let done = await m.outcome(of: id)
+        #expect(done?.fileURL == folder.appendingPathComponent("copy.bin"))
+        #expect(done?.fileURL.flatMap { try? Data(contentsOf: $0) }.map(Array.init) == bodies[0])
+        await m.shutdown()
+        let downloader = Downloader(options: testOptions(state: f.dir.path.appending("engine-state")))
+        let result = try await downloader.download(DownloadRequest(url: web, destination: .directory(at: folder)))
+        #expect(result.fileURL == folder.appendingPathComponent("0.bin") && (try? Data(contentsOf: result.fileURL)).map(Array.init) == bodies[0])
+        await downloader.shutdown()
+        await f.close()
+    }
+
     @MainActor @Test func theObservableListFollowsTheManager() async throws {
         let f = try await ManagerFixture()
         _ = f.serveFiles(3, size: 100_000)

@@ -1,5 +1,6 @@
 // The README's library examples, as a program: `consumer URL DIR` downloads URL into DIR with a
 // Downloader, then again through a DownloadManager, and prints what each saved.
+import Foundation
 import Pickup
 
 #if canImport(Glibc)
@@ -9,31 +10,31 @@ import Darwin
 #endif
 
 let arguments = CommandLine.arguments
-guard arguments.count == 3 else {
+guard arguments.count == 3, let url = URL(string: arguments[1]) else {
     print("usage: consumer URL DIR")
     exit(2)
 }
-let url = arguments[1], dir = FilePath(arguments[2])
+let dir = URL(fileURLWithPath: arguments[2], isDirectory: true)
 
 // One file.
 let downloader = Downloader()
 let result = try await downloader.download(
-    DownloadRequest(url: url, destination: .directory(dir))
+    DownloadRequest(url: url, destination: .directory(at: dir))
 ) { event in
     switch event {
     case .progress(let p): _ = (p.bytesDone, p.totalBytes, p.bytesPerSecond, p.secondsLeft)
     case .notice(let text): print(text)
     }
 }
-print("saved", result.path, result.size)
+print("saved", result.fileURL.path, result.size)
 await downloader.shutdown()
 
 // Many files: a manager that survives restarts.
-var config = DownloadManager.Configuration(stateDirectory: dir.appending(".state"))
+var config = DownloadManager.Configuration(stateDirectory: dir.appendingPathComponent(".state"))
 config.maxConcurrentDownloads = 3
 let manager = try DownloadManager(configuration: config)
-let id = try await manager.add(url, to: .file(dir.appending("copy.bin")))
-guard let info = await manager.outcome(of: id), info.state == .completed, let path = info.path else {
+let id = try await manager.add(url, to: .file(at: dir.appendingPathComponent("copy.bin")))
+guard let info = await manager.outcome(of: id), info.state == .completed, let path = info.fileURL?.path else {
     print("the managed download did not complete")
     exit(1)
 }
