@@ -48,19 +48,8 @@ import TestServer
             db.execute("BEGIN EXCLUSIVE")
             db.rollback()
             """
-        return try await CLI.offPool { () throws -> (Bool, String) in
-            let p = Process()
-            p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-            p.arguments = ["-c", script, state.string, downloads.string]
-            let pipe = Pipe()
-            p.standardOutput = pipe
-            p.standardError = pipe
-            try p.runWithSignalsUnblocked()
-            CLI.bound(p)
-            let data = pipe.fileHandleForReading.readDataToEndOfFile()
-            p.waitUntilExit()
-            return (p.terminationStatus == 0, String(decoding: data, as: UTF8.self))
-        }
+        let (status, output) = try await CLI.python(script, [state.string, downloads.string])
+        return (status == 0, output)
     }
 
     static func trial(seed: UInt64, server: TestServer) async throws {

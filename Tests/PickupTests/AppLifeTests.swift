@@ -66,19 +66,7 @@ import TestServer
             print("free manager.sqlite", db.execute("SELECT count(*) FROM download").fetchone()[0])
             db.rollback()
             """
-        let (status, out) = try await CLI.offPool { () throws -> (Int32, String) in
-            let p = Process()
-            p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-            p.arguments = ["-c", script, f.state.path.string, f.dir.path.string]
-            let pipe = Pipe()
-            p.standardOutput = pipe
-            p.standardError = pipe
-            try p.runWithSignalsUnblocked()
-            CLI.bound(p)
-            let data = pipe.fileHandleForReading.readDataToEndOfFile()
-            p.waitUntilExit()
-            return (p.terminationStatus, String(decoding: data, as: UTF8.self))
-        }
+        let (status, out) = try await CLI.python(script, [f.state.path.string, f.dir.path.string])
         #expect(status == 0, "another process found a lock held: \(out)")
         #expect(out.contains("free manager.lock") && (out.contains("pickup-part") || !unfinished) && out.contains("free manager.sqlite 2"), "\(out)")
         // Another holder of the state directory: start says no, and nothing starts.

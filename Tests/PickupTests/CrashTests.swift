@@ -114,6 +114,24 @@ enum CLI {
         return condition()
     }
 
+    /// Runs a Python script to its end (bounded), off Swift's cooperative pool; its exit status
+    /// and its output and errors together.
+    static func python(_ script: String, _ arguments: [String]) async throws -> (status: Int32, output: String) {
+        try await offPool { () throws -> (status: Int32, output: String) in
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            p.arguments = ["-c", script] + arguments
+            let pipe = Pipe()
+            p.standardOutput = pipe
+            p.standardError = pipe
+            try p.runWithSignalsUnblocked()
+            bound(p)
+            let data = pipe.fileHandleForReading.readDataToEndOfFile()
+            p.waitUntilExit()
+            return (p.terminationStatus, String(decoding: data, as: UTF8.self))
+        }
+    }
+
     /// Runs a blocking call (a child process to its end) on a Dispatch thread, not on Swift's
     /// cooperative pool.
     static func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
