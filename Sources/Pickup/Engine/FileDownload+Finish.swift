@@ -115,6 +115,8 @@ extension FileDownload {
                                           digest: verified,
                                           directory: store.bases.portable(directory))
         completion.source = mirror?.url
+        // The finished file is backed up as its folder's other files are (see PartialFile.setExcludedFromBackup).
+        file.setExcludedFromBackup(false)
         var encoded = store.attach(completion, to: file)
         while !(try place(as: name)) {
             // Something appeared at the target since we chose it: never replace it. At a name

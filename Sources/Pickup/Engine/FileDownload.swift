@@ -237,6 +237,7 @@ final class FileDownload: @unchecked Sendable {
                 throw PickupError.invalidInput("\(partialPath) is a finished download, not a partial one; rename it and run again")
             }
             lock.withLock { self.file = file }
+            file.setExcludedFromBackup(true)
             if request.restart {
                 removeControlFile()
                 try file.truncate(to: 0)
