@@ -251,11 +251,15 @@ struct SourceSet: Equatable {
     }
     static let suspected = "suspected of sending other bytes"
 
-    /// Sources start a new round of connections: caps and failures are forgotten, retirements kept.
+    /// Sources start a new round of connections: caps and failures are forgotten, retirements kept
+    /// (and what each proved it takes at once).
     mutating func newRound(connections: Int) {
         binding = [:]
         for i in sources.indices {
             sources[i].connections = []
+            // (Kept, the last round's connections counted again with this round's: a source
+            // that answered 2 and then 1 proved 3, and a busy answer could not lower its cap to 2.)
+            sources[i].answered = []
             sources[i].cap = max(1, connections)
             sources[i].failures = 0
             sources[i].turnedAway = false
