@@ -31,7 +31,7 @@ extension FileDownload {
                     if state.sources.canReject(source) { throw SourceRejected(reason: why) }
                     throw RepresentationChanged(reason: why)
                 }
-                if context.validators?.ifRange != nil { state.heldConfirmed = true }
+                if context.validators?.ifRange != nil { state.heldBytesConfirmed() }
                 if source == 0, record.validators == nil {
                     // Metalink/HTTP (RFC 6249): the first answer names the file's mirrors.
                     for m in LinkHeader.duplicates(head.headers.filter { $0.name.caseInsensitiveEquals("Link") }.map(\.value)) {
@@ -96,9 +96,10 @@ extension FileDownload {
                 case .stale: throw StopReading()
                 case .timedOut: throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
                 }
-                let why = lock.withLock { state.sources.several }
+                let (several, sameValidators) = lock.withLock { (state.sources.several, record.validators == validators) }
+                let why = several
                     ? "the file seems to have changed, and no source that answered before says otherwise"
-                    : lock.withLock { record.validators } == validators
+                    : sameValidators
                     ? "it did not take the range: an FTP server refusing REST, a server that ignores ranges at times"
                     : "its validators differ from the other responses': a load balancer whose servers disagree?"
                 onEvent(.notice("the server sent the whole file (200) to a range request (\(why)); the held bytes are discarded "
@@ -179,7 +180,7 @@ extension FileDownload {
     func stopOthers(but keep: SegmentCursor, connection: Int) -> Stop {
         let others = lock.withLock { () -> [SegmentCursor]? in
             if isDropped(keep) { return nil }
-            state.alone = connection
+            state.fetchAlone(connection)
             let others = cursors.values.filter { $0 !== keep }
             cursors = cursors.filter { $0.value === keep }
             for c in others { c.end.store(c.position.load(ordering: .relaxed), ordering: .sequentiallyConsistent) }

@@ -131,11 +131,11 @@ extension FileDownload {
                 }
                 guard let shed, let keep = shed.keeper else { return }
                 for (i, end) in shed.cut { cursors[i]?.end.store(end, ordering: .relaxed) }
-                state.keeper = keep
+                state.shed(keeping: keep)
             }
         case .restore?:
             // The connections shed finished their responses and wait, open, to be taken again.
-            lock.withLock { state.keeper = nil }
+            lock.withLock { state.shed(keeping: nil) }
             restore.open()
         case nil:
             break

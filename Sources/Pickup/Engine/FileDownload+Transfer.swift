@@ -44,8 +44,7 @@ extension FileDownload {
             let (stream, continuation) = AsyncStream<Void>.makeStream()
             lock.withLock {
                 moreConnections = continuation
-                state.connectionsDecided = false
-                state.onSources { $0.newRound(connections: options.connections) }
+                state.newRound(connections: options.connections)
             }
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -97,8 +96,7 @@ extension FileDownload {
                 }
                 // Responses that keep disagreeing (several servers behind one name, each with its
                 // own validators): one connection from now on, so that one server's bytes make the file.
-                if restarts >= 2, options.connections > 1, lock.withLock({ state.alone == nil }) {
-                    lock.withLock { state.alone = 0 }
+                if restarts >= 2, options.connections > 1, lock.withLock({ state.fetchAlone(0, once: true) }) {
                     onEvent(.notice("\(change.reason) again; the responses disagree on the file's validators "
                         + "(a load balancer whose servers disagree?), so it starts over and finishes over one connection"))
                 } else {
@@ -230,7 +228,7 @@ extension FileDownload {
         guard let s = state.scheduler else { return (rates, own, quiet) }
         for (i, c) in cursors where s.segments.indices.contains(i) {
             let position = c.position.load(ordering: .relaxed)
-            if state.lastSeen[i]?.position != position { state.lastSeen[i] = (position, now) }
+            state.saw(i, at: position, now: now)
             if let since = state.lastSeen[i]?.since, position > c.beganAt, s.segments[i].owner != id, let latency = state.latency {
                 let rate = Double(position - c.beganAt) / max(since - c.began, 0.001)
                 quiet[i] = .init(seconds: now - since, rate: rate, latency: latency)

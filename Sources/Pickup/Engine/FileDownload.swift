@@ -257,7 +257,7 @@ final class FileDownload: @unchecked Sendable {
                     conditional = found
                 }
             }
-            lock.withLock { state.keptFromStart = heldBytes() }
+            lock.withLock { state.started(holding: heldBytes()) }
             return Prepared(file: file, conditional: conditional, early: nil)
         } catch {
             file.close()

@@ -18,23 +18,23 @@ struct RunState {
     let minSplit: Int64
     /// Where each range's writer was last seen and since when (by range): how long it has
     /// stalled, for the scheduler's endgame.
-    var lastSeen: [Int: (position: Int64, since: Double)] = [:]
+    private(set) var lastSeen: [Int: (position: Int64, since: Double)] = [:]
     /// While shed to one connection (``ConnectionTuner``): the connection that goes on.
-    var keeper: Int?
+    private(set) var keeper: Int?
     /// For the rest of the run, the one connection that fetches (responses disagreed on the
     /// file's validators: a load balancer whose backends have their own, say). Not reset by a restart.
-    var alone: Int?
+    private(set) var alone: Int?
     /// How patient each connection is with stalls (``FetchRequest/patience``), and which have stalled.
     var patience: [Int: Int] = [:]
     var stalledBefore: Set<Int> = []
     /// Whether this round's first valid 206 has decided on more connections.
-    var connectionsDecided = false
+    private(set) var connectionsDecided = false
     /// Bytes held at the start that were kept (zero once they had to be discarded).
-    var keptFromStart: Int64 = 0 {
+    private(set) var keptFromStart: Int64 = 0 {
         didSet { heldConfirmed = keptFromStart == 0 }
     }
     /// Whether a response has confirmed the bytes held at the start (by `If-Range`), or none were held.
-    var heldConfirmed = true
+    private(set) var heldConfirmed = true
     /// Seconds from sending the latest request to its response head: what a new request costs.
     private(set) var latency: Double?
     /// The quickest answer of the run, in seconds (the round trip on an open connection, without
@@ -42,6 +42,38 @@ struct RunState {
     private(set) var quickestAnswer: Double?
 
     /// A response head came `seconds` after its request was sent.
+    // MARK: Events from outside (each one named: no field is written from outside)
+
+    /// The run starts holding `held` bytes (kept from an earlier run, not yet confirmed by a response).
+    mutating func started(holding held: Int64) { keptFromStart = held }
+
+    /// A round of connections starts: the first valid 206 decides again on more, and every source
+    /// takes connections afresh (``SourceSet/newRound(connections:)``).
+    mutating func newRound(connections: Int) {
+        connectionsDecided = false
+        sources.newRound(connections: connections)
+    }
+
+    /// A response to a request with `If-Range` was taken: the bytes held at the start are confirmed.
+    mutating func heldBytesConfirmed() { heldConfirmed = true }
+
+    /// For the rest of the run only `connection` fetches (responses disagree on the file's
+    /// validators). `once`: only when no connection fetches alone yet; returns whether it changed.
+    @discardableResult
+    mutating func fetchAlone(_ connection: Int, once: Bool = false) -> Bool {
+        if once, alone != nil { return false }
+        alone = connection
+        return true
+    }
+
+    /// The tuner shed the connections but `keeper` (nil: it brought them back).
+    mutating func shed(keeping keeper: Int?) { self.keeper = keeper }
+
+    /// Range `segment`'s writer was seen at `position` at `now`: since when it has not moved.
+    mutating func saw(_ segment: Int, at position: Int64, now: Double) {
+        if lastSeen[segment]?.position != position { lastSeen[segment] = (position, now) }
+    }
+
     mutating func answered(after seconds: Double) {
         latency = seconds
         quickestAnswer = min(quickestAnswer ?? seconds, seconds)
