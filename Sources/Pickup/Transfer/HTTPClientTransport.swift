@@ -336,6 +336,7 @@ public final class HTTPClientTransport: Transport {
                 delegate.cancelPause(on: task.eventLoop)
                 task.cancel()
             }
+            await delegate.settled()  // (done already: AsyncHTTPClient ends a response after its head's future)
         } catch {
             await delegate.settled()
             try Task.checkCancellation()
