@@ -233,7 +233,7 @@ final class FTPTransport: Sendable {
         let ranged = range != nil && size != nil && (ifRange == nil || ifRange == etag)
         if ranged, let size, let range, range.first >= size {
             let head = ResponseHead(status: 416, headers: headers + [("Content-Range", "bytes */\(size)")])
-            try await BlockingIO.run { try sink.receiveHead(head) }
+            try await BlockingIO.head { try sink.receiveHead(head) }
             return
         }
         var start = ranged ? range?.first ?? 0 : 0
@@ -254,12 +254,12 @@ final class FTPTransport: Sendable {
             end = lastByte + 1
             headers += [("Content-Range", "bytes \(start)-\(lastByte)/\(size)"), ("Content-Length", "\(lastByte + 1 - start)")]
             let head = ResponseHead(status: 206, headers: headers)
-            try await BlockingIO.run { try sink.receiveHead(head) }
+            try await BlockingIO.head { try sink.receiveHead(head) }
         } else {
             end = size
             if let size { headers.append(("Content-Length", "\(size)")) }
             let head = ResponseHead(status: 200, headers: headers)
-            try await BlockingIO.run { try sink.receiveHead(head) }
+            try await BlockingIO.head { try sink.receiveHead(head) }
         }
         let data = try await FTPData.connect(reach, direct: control.peer, port: dataPort, on: control.channel.eventLoop,
                                              timeout: connectTimeout, budget: budget,

@@ -465,7 +465,7 @@ final class SinkDelegate<Sink: ResponseSink>: HTTPClientResponseDelegate, @unche
         headDeadline = nil
         let head = ResponseHead(status: Int(head.status.code), headers: head.headers.map { ($0.name, $0.value) })
         let sink = self.sink
-        let work = BlockingIO.future(on: task.eventLoop) { try sink.receiveHead(head) }
+        let work = BlockingIO.head(on: task.eventLoop) { try sink.receiveHead(head) }
         headWork.withLockedValue { $0 = work }
         return work
     }

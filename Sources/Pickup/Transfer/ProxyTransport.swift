@@ -399,7 +399,7 @@ final class ProxyClientHandler: ChannelInboundHandler, RemovableChannelHandler {
             context.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
             let sink = exchange.sink
             let response = ResponseHead(status: Int(head.status.code), headers: head.headers.map { ($0.name, $0.value) })
-            BlockingIO.future(on: context.eventLoop) { try sink.receiveHead(response) }
+            BlockingIO.head(on: context.eventLoop) { try sink.receiveHead(response) }
                 .assumeIsolated().whenComplete { result in self.headDecided(result, context: context) }
         case .body(let buffer):
             if lowWater > 1 {
