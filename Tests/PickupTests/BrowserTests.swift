@@ -358,10 +358,18 @@ func withBrowser(_ f: DaemonFixture, width: Int, height: Int, _ body: (Browser) 
             try await browser.logIn(f.daemon.token)
             try await browser.waitFor("the downloads on the page") { try await browser.states().count == 2 }
             let isOpen = { try await browser.script("return document.getElementById('remove-dialog').open") as? Bool == true }
+            // Clicked again until the question is open: under load a click can land while the list
+            // redraws the row (its button replaced), and is lost.
+            let askToRemove = { (id: Int64) in
+                try await browser.waitFor("the question") {
+                    if try await isOpen() { return true }
+                    try? await browser.click(#"li[data-id="\#(id)"] .remove"#)
+                    return try await isOpen()
+                }
+            }
 
             // Asked first; Cancel removes nothing.
-            try await browser.click(#"li[data-id="\#(drop.id)"] .remove"#)
-            try await browser.waitFor("the question") { try await isOpen() }
+            try await askToRemove(drop.id)
             let text = try await browser.script("return document.getElementById('remove-text').textContent") as? String
             #expect(text?.contains("partial file stays") == true, "\(text ?? "")")
             #expect(try await browser.script("return document.getElementById('remove-partial').checked") as? Bool == false)
@@ -369,16 +377,14 @@ func withBrowser(_ f: DaemonFixture, width: Int, height: Int, _ body: (Browser) 
             try await browser.waitFor("the question to close") { try await !isOpen() }
 
             // Removed without ticking: the partial file stays.
-            try await browser.click(#"li[data-id="\#(keep.id)"] .remove"#)
-            try await browser.waitFor("the question") { try await isOpen() }
+            try await askToRemove(keep.id)
             try await browser.click("#remove-confirm")
             try await browser.waitFor("keep.bin removed") { try await f.client.list().map(\.id) == [drop.id] }
             #expect(NothingLostTests.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
             #expect(NothingLostTests.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-ctl"), "\(f.root.entries)")
 
             // Ticked: the partial file and its helpers go.
-            try await browser.click(#"li[data-id="\#(drop.id)"] .remove"#)
-            try await browser.waitFor("the question") { try await isOpen() }
+            try await askToRemove(drop.id)
             try await browser.click("#remove-partial")
             try await browser.click("#remove-confirm")
             try await browser.waitFor("drop.bin removed") { try await f.client.list().isEmpty }

@@ -100,7 +100,9 @@ import PickupDaemon
     }
 
     @Test func aMirrorAskingForTooLongAWaitIsLeftToTheOthers() async throws {
-        let f = try await Fixture(connections: 2)
+        // (A stall timeout of seconds: at the usual half second, a loaded machine's slow answer
+        // retired /b for stalling before its 503s were heard.)
+        let f = try await Fixture(stall: 5, connections: 2)
         f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 512 << 10))
         var slow = Self.mirror(body, etag: "\"b\"", cap: nil)
         slow.faults = Array(repeating: .status(503, ["Retry-After": "3600"]), count: 4)

@@ -41,14 +41,16 @@ import TestServer
 
     /// Ranges are asked for in pieces and split between them, and a connection whose response was
     /// cut (the first, open-ended one, or a slow one's) takes no more work that would need a new
-    /// connection: four connections, the first fifty times slower than the others (so even
-    /// with every test running at once), open four TCP connections in all, and the file is byte-exact.
+    /// connection: four connections, the first two hundred times slower than the others (so even
+    /// with every test running at once: at fifty times, a loaded machine's fast connections had not
+    /// finished theirs before the slow one had its quarter), open four TCP connections in all, and
+    /// the file is byte-exact.
     @Test func aSlowConnectionsRangeIsTakenOverWithoutOpeningMoreConnections() async throws {
         let f = try await Fixture(connections: 4)
         let body = Resource.bytes(count: 24 * 1024 * 1024 + 77, seed: 5)
         f.server.set("/p.bin", {
             var r = Resource(body: body, bytesPerSecond: 24 * 1024 * 1024)
-            r.firstRangeBytesPerSecond = 512 * 1024
+            r.firstRangeBytesPerSecond = 128 * 1024
             return r
         }())
         _ = try await f.get("/p.bin")
