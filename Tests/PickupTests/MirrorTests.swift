@@ -173,11 +173,12 @@ import PickupDaemon
     }
 
     @Test func piecesAreCheckedAsTheyCompleteAndABadMirrorGoesBeforeTheEnd() async throws {
-        // Slow enough (1 MiB/s in all) that checkpoints, and the checks after them, come mid-way,
-        // even with the whole suite running at once.
+        // Slow enough (512 KiB/s in all) that checkpoints, and the checks after them, come mid-way,
+        // even with the whole suite running at once (at 1 MiB/s a fresh checkout's loaded run saw
+        // the bad mirror's two ranges end first).
         let f = try await Fixture(connections: 4)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 256 << 10))
-        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 8), etag: "\"x\"", cap: 2, rate: 256 << 10))
+        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 128 << 10))
+        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 8), etag: "\"x\"", cap: 2, rate: 128 << 10))
         _ = try await download(f, ["/a", "/bad"].map(f.server.url), pieces: Self.pieces(body, length: 128 * 1024))
         Self.expectFile(f, is: body)
         let notices = f.events.notices
