@@ -82,7 +82,7 @@ extension FileDownload {
     /// The description a head brought: written before the body when no control file exists yet
     /// (without fsync: it claims nothing), so that a kill from the first byte on finds it and the
     /// cursors; else (a description that changed, of a download with a control file) on the pool.
-    /// On the blocking-I/O pool (the response head's thread), not with `lock` held.
+    /// On the response head's `BlockingIO` thread, not with `lock` held.
     func storeBeforeFirstByte() {
         guard lock.withLock({ state.onDisk == .nothing }) else { return storeSoon() }
         ioLock.withLock {
@@ -93,7 +93,7 @@ extension FileDownload {
     /// Drops every held byte for a new representation (`reset` describes it) and, when the
     /// control file on disk claims bytes, replaces it durably before returning: no byte of the new
     /// representation is written before. The cursors start again. Called where no connection is
-    /// writing, on the blocking-I/O pool (a response head's thread too), never with `lock` held.
+    /// writing, on `BlockingIO` (the pool, or a response head's thread), never with `lock` held.
     func discardHeld(_ file: PartialFile, reset: (inout ControlRecord) -> Void) throws {
         try ioLock.withLock {
             try file.truncate(to: 0)
@@ -120,7 +120,7 @@ extension FileDownload {
 
     /// Maps the cursor file when a download turns out large enough to keep one (see
     /// ``Checkpoints/smallFile``); resumed downloads map it when they start. On the response
-    /// head's thread (the blocking-I/O pool), before its body is written, not with `lock` held.
+    /// head's `BlockingIO` thread, before its body is written, not with `lock` held.
     func mapCursorsIfLarge(total: Int64?) {
         guard options.cursorFile, (total ?? .max) > Checkpoints.smallFile, lock.withLock({ cursorFile == nil }) else { return }
         guard let mapped = CursorFile.open(cursorName, in: dir) else { return }

@@ -5,7 +5,7 @@ import Foundation
 /// every held byte; the record learns validators, length and name.
 extension FileDownload {
     /// Applies a decision on a response head. Returns the cursor, offset and response end to write
-    /// the body with, or nil when the body is not file content. On the blocking-I/O pool (the
+    /// the body with, or nil when the body is not file content. On `BlockingIO`'s head threads (the
     /// transport calls the sink's head there, never on its event loop); the file-system calls it
     /// needs (the cursor file's mapping, preallocation, a truncation for a 200, the control file)
     /// run outside `lock`.
@@ -188,8 +188,8 @@ extension FileDownload {
         }
         guard let others else { return .stale }
         // A writer inside a chunk is in one pwrite: it leaves within microseconds, or within a
-        // slow disk's milliseconds. Looked at again every 50 µs, on the blocking-I/O pool (the
-        // head's thread), never on an event loop.
+        // slow disk's milliseconds. Looked at again every 50 µs, on the head's `BlockingIO`
+        // thread, never on an event loop.
         let deadline = Clock.monotonic() + 2
         for c in others {
             while c.writing.load(ordering: .sequentiallyConsistent) {

@@ -41,7 +41,6 @@ struct RunState {
     /// a connection's handshakes): what one more request costs.
     private(set) var quickestAnswer: Double?
 
-    /// A response head came `seconds` after its request was sent.
     // MARK: Events from outside (each one named: no field is written from outside)
 
     /// The run starts holding `held` bytes (kept from an earlier run, not yet confirmed by a response).
@@ -74,6 +73,7 @@ struct RunState {
         if lastSeen[segment]?.position != position { lastSeen[segment] = (position, now) }
     }
 
+    /// A response head came `seconds` after its request was sent.
     mutating func answered(after seconds: Double) {
         latency = seconds
         quickestAnswer = min(quickestAnswer ?? seconds, seconds)
