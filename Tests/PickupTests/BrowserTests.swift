@@ -23,7 +23,7 @@ final class Browser: @unchecked Sendable {
     private(set) var session = ""
 
     init(width: Int, height: Int) async throws {
-        let port = Self.freePort()
+        let port = try Nginx.freePort()
         base = "http://127.0.0.1:\(port)"
         driver = Process()
         driver.executableURL = URL(fileURLWithPath: Self.driverPath!)
@@ -182,18 +182,6 @@ final class Browser: @unchecked Sendable {
         guard response.status == .ok else { throw CocoaError(.featureUnsupported, userInfo: [NSLocalizedDescriptionKey: "\(path): \(json)"]) }
         if raw { return json }
         return json["value"] as? [String: Any] ?? json
-    }
-
-    static func freePort() -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { Glibc.close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) } }
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
-        return Int(UInt16(bigEndian: addr.sin_port))
     }
 }
 

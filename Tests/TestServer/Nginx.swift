@@ -104,21 +104,30 @@ public final class Nginx: @unchecked Sendable {
 
     deinit { stop() }
 
+    /// A loopback port nothing listens on and no server of this run had (``Ports``): for a
+    /// server program to take, or for a test that needs a port where nothing answers.
     public static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = 0
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let ok = withUnsafeMutablePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0
+        var held: [Int32] = []
+        defer { for fd in held { close(fd) } }
+        for _ in 0..<100 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            guard fd >= 0 else { break }
+            held.append(fd)  // bound until a new port is found, so the kernel cannot offer it again
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            addr.sin_port = 0
+            var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let ok = withUnsafeMutablePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0
+                }
             }
+            guard ok else { break }
+            let port = Int(UInt16(bigEndian: addr.sin_port))
+            if Ports.claim(port) { return port }
         }
-        guard ok else { throw NSError(domain: "no free port", code: 3) }
-        return Int(UInt16(bigEndian: addr.sin_port))
+        throw NSError(domain: "no free port", code: 3)
     }
 
     public static func canConnect(_ port: Int) -> Bool {

@@ -23,7 +23,7 @@ public final class RawServer: Sendable {
     public static func start(response: [UInt8], chunk: Int = 1 << 20, interval: TimeAmount = .zero) async throws -> RawServer {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let served = NIOLockedValueBox(0)
-        let channel = try await ServerBootstrap(group: group)
+        let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -31,7 +31,7 @@ public final class RawServer: Sendable {
                         RawHandler(response: response, chunk: max(1, chunk), interval: interval, served: served))
                 }
             }
-            .bind(host: "127.0.0.1", port: 0).get()
+        let channel = try await Ports.bindNew { try await bootstrap.bind(host: "127.0.0.1", port: 0).get() }
         return RawServer(channel: channel, group: group, port: channel.localAddress?.port ?? 0, served: served)
     }
 

@@ -30,7 +30,7 @@ public final class TestServer: Sendable {
     /// Starts a server on an ephemeral port.
     public static func start() async throws -> TestServer {
         let state = NIOLockedValueBox(State())
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -42,7 +42,7 @@ public final class TestServer: Sendable {
                     try sync.addHandler(Handler(state: state))
                 }
             }
-            .bind(host: "127.0.0.1", port: 0).get()
+        let channel = try await Ports.bindNew { try await bootstrap.bind(host: "127.0.0.1", port: 0).get() }
         return TestServer(channel: channel, state: state)
     }
 
