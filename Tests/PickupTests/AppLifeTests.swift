@@ -12,31 +12,31 @@ import TestServer
     /// Going to the background stops every transfer after a checkpoint and starts nothing; coming
     /// back resumes them from where they were.
     @Test func suspendStopsEveryTransferAndStartResumesThem() async throws {
-        let f = try await ManagerFixture()
-        let bodies = f.serveFiles(2, size: 2_000_000, rate: 300_000)
-        let m = try f.manager(limit: 2)
-        var ids: [DownloadID] = []
-        for i in bodies.indices { ids.append(try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path))) }
-        let all = ids
-        await m.waitUntil { v in all.allSatisfy { (v[$0]?.progress.bytesDone ?? 0) > 100_000 } }
-        await m.suspend()
-        let suspended = await m.downloads()
-        // (One may have completed just as it was stopped, under load: that is kept, not undone.)
-        #expect(!suspended.contains { $0.state == .running })
-        #expect(suspended.contains { $0.state == .waiting })
-        let requests = bodies.indices.map { f.server.requests("/f/\($0).bin").count }
-        await m.start()
-        await m.waitUntilAll(.completed)
-        for (i, body) in bodies.enumerated() {
-            #expect(f.dir.read("\(i).bin") == body)
-            guard suspended.first(where: { $0.url.hasSuffix("/f/\(i).bin") })?.state == .waiting else { continue }
-            // The first request after coming back asks for the rest, with the validator.
-            let again = f.server.requests("/f/\(i).bin")[requests[i]]
-            #expect(again.headers["range"]?.hasPrefix("bytes=0-") == false, "\(again.headers)")
-            #expect(again.headers["if-range"] == "\"v1\"")
+        try await ManagerFixture().run { f in
+            let bodies = f.serveFiles(2, size: 2_000_000, rate: 300_000)
+            let m = try f.manager(limit: 2)
+            var ids: [DownloadID] = []
+            for i in bodies.indices { ids.append(try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path))) }
+            let all = ids
+            await m.waitUntil { v in all.allSatisfy { (v[$0]?.progress.bytesDone ?? 0) > 100_000 } }
+            await m.suspend()
+            let suspended = await m.downloads()
+            // (One may have completed just as it was stopped, under load: that is kept, not undone.)
+            #expect(!suspended.contains { $0.state == .running })
+            #expect(suspended.contains { $0.state == .waiting })
+            let requests = bodies.indices.map { f.server.requests("/f/\($0).bin").count }
+            await m.start()
+            await m.waitUntilAll(.completed)
+            for (i, body) in bodies.enumerated() {
+                #expect(f.dir.read("\(i).bin") == body)
+                guard suspended.first(where: { $0.url.hasSuffix("/f/\(i).bin") })?.state == .waiting else { continue }
+                // The first request after coming back asks for the rest, with the validator.
+                let again = f.server.requests("/f/\(i).bin")[requests[i]]
+                #expect(again.headers["range"]?.hasPrefix("bytes=0-") == false, "\(again.headers)")
+                #expect(again.headers["if-range"] == "\"v1\"")
+            }
+            await m.shutdown()
         }
-        await m.shutdown()
-        await f.close()
     }
 
     /// Suspended, the manager holds no lock, as another process sees it (iOS ends a suspended app
@@ -44,66 +44,66 @@ import TestServer
     /// a partial file's. Calls meanwhile still work; a start takes everything back, or says it
     /// cannot while another holds the state directory.
     @Test func aSuspendedManagerHoldsNoLockAndStartTakesThemBack() async throws {
-        let f = try await ManagerFixture()
-        let bodies = f.serveFiles(2, size: 2_000_000, rate: 300_000)
-        let m = try f.manager(limit: 1)
-        let first = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
-        await m.waitUntil { ($0[first]?.progress.bytesDone ?? 0) > 100_000 }
-        await m.suspend()
-        // (Under a heavy load it may have finished first: then there is no partial file to look at.)
-        let unfinished = await m.downloads().first { $0.id == first }?.state != .completed
-        // Added while suspended: kept (the database is opened for the call).
-        let second = try await m.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path))
-        let script = """
-            import fcntl, glob, sqlite3, sys
-            state, downloads = sys.argv[1], sys.argv[2]
-            for path in [state + "/manager.lock"] + glob.glob(downloads + "/.*.pickup-part") + glob.glob(downloads + "/*.pickup-part"):
-                with open(path, "rb+") as f:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    print("free", path.rsplit("/", 1)[-1])
-            db = sqlite3.connect(state + "/manager.sqlite", timeout=0)
-            db.execute("BEGIN EXCLUSIVE")
-            print("free manager.sqlite", db.execute("SELECT count(*) FROM download").fetchone()[0])
-            db.rollback()
-            """
-        let (status, out) = try await CLI.python(script, [f.state.path.string, f.dir.path.string])
-        #expect(status == 0, "another process found a lock held: \(out)")
-        #expect(out.contains("free manager.lock") && (out.contains("pickup-part") || !unfinished) && out.contains("free manager.sqlite 2"), "\(out)")
-        // Another holder of the state directory: start says no, and nothing starts.
-        let holder = open(f.state.file("manager.lock").string, O_RDWR | O_CLOEXEC)
-        #expect(flock(holder, LOCK_EX | LOCK_NB) == 0)
-        #expect(await m.start() == false)
-        #expect(await m.downloads().allSatisfy { $0.state != .running })
-        close(holder)
-        #expect(await m.start())
-        await m.waitUntilAll(.completed)
-        for (i, body) in bodies.enumerated() {
-            let same = f.dir.read("\(i).bin") == body
-            #expect(same, "\(i).bin")
+        try await ManagerFixture().run { f in
+            let bodies = f.serveFiles(2, size: 2_000_000, rate: 300_000)
+            let m = try f.manager(limit: 1)
+            let first = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+            await m.waitUntil { ($0[first]?.progress.bytesDone ?? 0) > 100_000 }
+            await m.suspend()
+            // (Under a heavy load it may have finished first: then there is no partial file to look at.)
+            let unfinished = await m.downloads().first { $0.id == first }?.state != .completed
+            // Added while suspended: kept (the database is opened for the call).
+            let second = try await m.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path))
+            let script = """
+                import fcntl, glob, sqlite3, sys
+                state, downloads = sys.argv[1], sys.argv[2]
+                for path in [state + "/manager.lock"] + glob.glob(downloads + "/.*.pickup-part") + glob.glob(downloads + "/*.pickup-part"):
+                    with open(path, "rb+") as f:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        print("free", path.rsplit("/", 1)[-1])
+                db = sqlite3.connect(state + "/manager.sqlite", timeout=0)
+                db.execute("BEGIN EXCLUSIVE")
+                print("free manager.sqlite", db.execute("SELECT count(*) FROM download").fetchone()[0])
+                db.rollback()
+                """
+            let (status, out) = try await CLI.python(script, [f.state.path.string, f.dir.path.string])
+            #expect(status == 0, "another process found a lock held: \(out)")
+            #expect(out.contains("free manager.lock") && (out.contains("pickup-part") || !unfinished) && out.contains("free manager.sqlite 2"), "\(out)")
+            // Another holder of the state directory: start says no, and nothing starts.
+            let holder = open(f.state.file("manager.lock").string, O_RDWR | O_CLOEXEC)
+            #expect(flock(holder, LOCK_EX | LOCK_NB) == 0)
+            #expect(await m.start() == false)
+            #expect(await m.downloads().allSatisfy { $0.state != .running })
+            close(holder)
+            #expect(await m.start())
+            await m.waitUntilAll(.completed)
+            for (i, body) in bodies.enumerated() {
+                let same = f.dir.read("\(i).bin") == body
+                #expect(same, "\(i).bin")
+            }
+            await m.shutdown()
+            // Both kept across a restart.
+            let again = try f.manager()
+            #expect(Set(await again.downloads().map(\.id)) == [first, second])
+            await again.shutdown()
         }
-        await m.shutdown()
-        // Both kept across a restart.
-        let again = try f.manager()
-        #expect(Set(await again.downloads().map(\.id)) == [first, second])
-        await again.shutdown()
-        await f.close()
     }
 
     /// `open(configuration:)` restores a manager off the caller's thread, with init's errors.
     @MainActor @Test func openRestoresOffTheCallersThreadWithInitsErrors() async throws {
-        let f = try await ManagerFixture()
-        let bodies = f.serveFiles(1, size: 100_000)
-        let m = try await DownloadManager.open(configuration: f.configuration())
-        let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
-        #expect(await m.outcome(of: id)?.state == .completed)
-        await #expect(throws: PickupError.stateInUse(f.state.path.string)) { try await DownloadManager.open(configuration: f.configuration()) }
-        await m.shutdown()
-        let again = try await DownloadManager.open(configuration: f.configuration())
-        #expect(await again.downloads().map(\.id) == [id])
-        let same = f.dir.read("0.bin") == bodies[0]
-        #expect(same)
-        await again.shutdown()
-        await f.close()
+        try await ManagerFixture().run { f in
+            let bodies = f.serveFiles(1, size: 100_000)
+            let m = try await DownloadManager.open(configuration: f.configuration())
+            let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+            #expect(await m.outcome(of: id)?.state == .completed)
+            await #expect(throws: PickupError.stateInUse(f.state.path.string)) { try await DownloadManager.open(configuration: f.configuration()) }
+            await m.shutdown()
+            let again = try await DownloadManager.open(configuration: f.configuration())
+            #expect(await again.downloads().map(\.id) == [id])
+            let same = f.dir.read("0.bin") == bodies[0]
+            #expect(same)
+            await again.shutdown()
+        }
     }
 
     /// The app's container moves between launches (an update, a restore): with the container as a
@@ -174,58 +174,58 @@ import TestServer
     }
 
     @Test func outcomeWaitsForTheEndOfOneDownload() async throws {
-        let f = try await ManagerFixture()
-        let bodies = f.serveFiles(1, size: 50_000)
-        let m = try f.manager()
-        let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
-        let done = await m.outcome(of: id)
-        #expect(done?.state == .completed)
-        #expect(done?.path.flatMap { FileManager.default.contents(atPath: $0.string) }.map(Array.init) == bodies[0])
-        let missing = try await m.add(f.server.url("/none"), to: .directory(f.dir.path))
-        #expect(await m.outcome(of: missing)?.state == .failed)
-        await m.shutdown()
-        await f.close()
+        try await ManagerFixture().run { f in
+            let bodies = f.serveFiles(1, size: 50_000)
+            let m = try f.manager()
+            let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+            let done = await m.outcome(of: id)
+            #expect(done?.state == .completed)
+            #expect(done?.path.flatMap { FileManager.default.contents(atPath: $0.string) }.map(Array.init) == bodies[0])
+            let missing = try await m.add(f.server.url("/none"), to: .directory(f.dir.path))
+            #expect(await m.outcome(of: missing)?.state == .failed)
+            await m.shutdown()
+        }
     }
 
     /// An app speaks in Foundation `URL`s: a file URL with a space for the directory and the state,
     /// a web URL to download, and `fileURL` back.
     @Test func urlsInAndOut() async throws {
-        let f = try await ManagerFixture()
-        let bodies = f.serveFiles(1, size: 20_000)
-        let folder = URL(fileURLWithPath: f.dir.path.string, isDirectory: true).appendingPathComponent("My Files")
-        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-        #expect(Destination.directory(at: folder) == .directory(f.dir.path.appending("My Files")))
-        #expect(Destination.file(at: folder.appendingPathComponent("a b.bin")) == .file(f.dir.path.appending("My Files/a b.bin")))
-        let web = try #require(URL(string: f.server.url("/f/0.bin")))
-        let m = try DownloadManager(configuration: .init(stateDirectory: folder.appendingPathComponent(".state")))
-        let id = try await m.add(web, to: .file(at: folder.appendingPathComponent("copy.bin")))
-        let done = await m.outcome(of: id)
-        #expect(done?.fileURL == folder.appendingPathComponent("copy.bin"))
-        #expect(done?.fileURL.flatMap { try? Data(contentsOf: $0) }.map(Array.init) == bodies[0])
-        await m.shutdown()
-        let downloader = Downloader(options: testOptions(state: f.dir.path.appending("engine-state")))
-        let result = try await downloader.download(DownloadRequest(url: web, destination: .directory(at: folder)))
-        #expect(result.fileURL == folder.appendingPathComponent("0.bin") && (try? Data(contentsOf: result.fileURL)).map(Array.init) == bodies[0])
-        await downloader.shutdown()
-        await f.close()
+        try await ManagerFixture().run { f in
+            let bodies = f.serveFiles(1, size: 20_000)
+            let folder = URL(fileURLWithPath: f.dir.path.string, isDirectory: true).appendingPathComponent("My Files")
+            try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+            #expect(Destination.directory(at: folder) == .directory(f.dir.path.appending("My Files")))
+            #expect(Destination.file(at: folder.appendingPathComponent("a b.bin")) == .file(f.dir.path.appending("My Files/a b.bin")))
+            let web = try #require(URL(string: f.server.url("/f/0.bin")))
+            let m = try DownloadManager(configuration: .init(stateDirectory: folder.appendingPathComponent(".state")))
+            let id = try await m.add(web, to: .file(at: folder.appendingPathComponent("copy.bin")))
+            let done = await m.outcome(of: id)
+            #expect(done?.fileURL == folder.appendingPathComponent("copy.bin"))
+            #expect(done?.fileURL.flatMap { try? Data(contentsOf: $0) }.map(Array.init) == bodies[0])
+            await m.shutdown()
+            let downloader = Downloader(options: testOptions(state: f.dir.path.appending("engine-state")))
+            let result = try await downloader.download(DownloadRequest(url: web, destination: .directory(at: folder)))
+            #expect(result.fileURL == folder.appendingPathComponent("0.bin") && (try? Data(contentsOf: result.fileURL)).map(Array.init) == bodies[0])
+            await downloader.shutdown()
+        }
     }
 
     @MainActor @Test func theObservableListFollowsTheManager() async throws {
-        let f = try await ManagerFixture()
-        _ = f.serveFiles(3, size: 100_000)
-        let m = try f.manager()
-        let list = DownloadList(manager: m)
-        for i in 0..<3 { _ = try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path)) }
-        // (The totals come with the next tick after the last change: waited for too.)
-        await until(list) { list.downloads.count == 3 && list.downloads.allSatisfy { $0.state == .completed } && list.totals?.fraction == 1 }
-        #expect(list.downloads.map(\.progress.bytesDone) == [100_000, 100_000, 100_000])
-        #expect(list.totals?.fraction == 1)
-        let first = list.downloads[0].id
-        try await m.remove(first)
-        await until(list) { list[first] == nil }
-        #expect(list.downloads.count == 2)
-        await m.shutdown()
-        await f.close()
+        try await ManagerFixture().run { f in
+            _ = f.serveFiles(3, size: 100_000)
+            let m = try f.manager()
+            let list = DownloadList(manager: m)
+            for i in 0..<3 { _ = try await m.add(f.server.url("/f/\(i).bin"), to: .directory(f.dir.path)) }
+            // (The totals come with the next tick after the last change: waited for too.)
+            await until(list) { list.downloads.count == 3 && list.downloads.allSatisfy { $0.state == .completed } && list.totals?.fraction == 1 }
+            #expect(list.downloads.map(\.progress.bytesDone) == [100_000, 100_000, 100_000])
+            #expect(list.totals?.fraction == 1)
+            let first = list.downloads[0].id
+            try await m.remove(first)
+            await until(list) { list[first] == nil }
+            #expect(list.downloads.count == 2)
+            await m.shutdown()
+        }
     }
 }
 

@@ -101,15 +101,10 @@ struct Aria2ClientTests {
     static let origin = "http://ariang.example"
 
     func withDaemon(_ body: (DaemonFixture) async throws -> Void) async throws {
-        let f = try await DaemonFixture { config in
+        try await DaemonFixture { config in
             config.aria2RPC = true
             config.rpcAllowOrigins = [Self.origin]
-        }
-        do { try await body(f) } catch {
-            await f.close()
-            throw error
-        }
-        await f.close()
+        }.run(body)
     }
 
     func rpc(_ f: DaemonFixture, _ method: String, secret: Bool = true, _ params: [RPCValue] = [],

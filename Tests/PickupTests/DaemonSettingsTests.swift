@@ -14,53 +14,53 @@ import Testing
     @Test func concurrentChangesEndAsIfOneRanAfterTheOther() async throws {
         let seed = propertySeed("PICKUP_SETTINGS_SEED", "daemon settings test")
         var random = SplitMix(state: seed)
-        let f = try await DaemonFixture()
-        let started = f.daemon.configuration.transport.proxies
-        // The state as the file holds it (the proxy's password in clear); nothing saved yet.
-        var state = try await f.client.settings()
+        try await DaemonFixture().run { f in
+            let started = f.daemon.configuration.transport.proxies
+            // The state as the file holds it (the proxy's password in clear); nothing saved yet.
+            var state = try await f.client.settings()
 
-        for round in 0..<6 {
-            let label = "round \(round) of seed \(seed)"
-            let patches = (0..<24).map { _ in Self.patch(&random) }
-            let reads = 6
-            let client = f.client!
-            var answers = [APISettings?](repeating: nil, count: patches.count)
-            var read: [APISettings] = []
-            try await withThrowingTaskGroup(of: (Int, APISettings?).self) { group in
+            for round in 0..<6 {
+                let label = "round \(round) of seed \(seed)"
+                let patches = (0..<24).map { _ in Self.patch(&random) }
+                let reads = 6
+                let client = f.client!
+                var answers = [APISettings?](repeating: nil, count: patches.count)
+                var read: [APISettings] = []
+                try await withThrowingTaskGroup(of: (Int, APISettings?).self) { group in
+                    for (i, p) in patches.enumerated() {
+                        group.addTask { (i, try? await client.update(p)) }
+                    }
+                    for _ in 0..<reads { group.addTask { (-1, try await client.settings()) } }
+                    for try await (i, answer) in group {
+                        if i >= 0 { answers[i] = answer } else if let answer { read.append(answer) }
+                    }
+                }
                 for (i, p) in patches.enumerated() {
-                    group.addTask { (i, try? await client.update(p)) }
+                    #expect((answers[i] == nil) == Self.refused(p), "change \(i) of \(label): \(p) answered \(String(describing: answers[i]))")
                 }
-                for _ in 0..<reads { group.addTask { (-1, try await client.settings()) } }
-                for try await (i, answer) in group {
-                    if i >= 0 { answers[i] = answer } else if let answer { read.append(answer) }
+                let accepted = patches.indices.filter { answers[$0] != nil }.map { (patches[$0], answers[$0]!) }
+                for r in read {
+                    #expect(r == Self.shown(state) || accepted.contains { $0.1 == r }, "a GET of \(label) answered a state no change made: \(r)")
                 }
+                let after = try await client.settings()
+                guard let order = Self.serialOrder(from: state, accepted, to: after) else {
+                    Issue.record("no order of the \(accepted.count) changes of \(label) gives their answers and ends at \(after)")
+                    break
+                }
+                state = order.reduce(state) { Self.applied(accepted[$1].0, to: $0) }
+                let file = try JSONDecoder().decode(APISettings.self, from: Data(contentsOf: URL(fileURLWithPath: f.state.file("settings.json").string)))
+                #expect(file == state, "settings.json after \(label)")
+                let m = f.daemon.manager
+                #expect(await m.maxConcurrentDownloads == state.maxConcurrentDownloads, "\(label)")
+                #expect(await m.speedLimit == state.speedLimit, "\(label)")
+                #expect(await m.order.rawValue == state.order, "\(label)")
+                #expect(await m.startsAllAtOnce == state.startsAllAtOnce, "\(label)")
+                var rules = started
+                if let tunnel = state.proxyTunnel { rules.tunnel = tunnel }
+                if let proxy = state.proxy { rules = try Daemon.proxyRules(proxy, over: rules) }
+                #expect(await m.proxies == rules, "\(label)")
             }
-            for (i, p) in patches.enumerated() {
-                #expect((answers[i] == nil) == Self.refused(p), "change \(i) of \(label): \(p) answered \(String(describing: answers[i]))")
-            }
-            let accepted = patches.indices.filter { answers[$0] != nil }.map { (patches[$0], answers[$0]!) }
-            for r in read {
-                #expect(r == Self.shown(state) || accepted.contains { $0.1 == r }, "a GET of \(label) answered a state no change made: \(r)")
-            }
-            let after = try await client.settings()
-            guard let order = Self.serialOrder(from: state, accepted, to: after) else {
-                Issue.record("no order of the \(accepted.count) changes of \(label) gives their answers and ends at \(after)")
-                break
-            }
-            state = order.reduce(state) { Self.applied(accepted[$1].0, to: $0) }
-            let file = try JSONDecoder().decode(APISettings.self, from: Data(contentsOf: URL(fileURLWithPath: f.state.file("settings.json").string)))
-            #expect(file == state, "settings.json after \(label)")
-            let m = f.daemon.manager
-            #expect(await m.maxConcurrentDownloads == state.maxConcurrentDownloads, "\(label)")
-            #expect(await m.speedLimit == state.speedLimit, "\(label)")
-            #expect(await m.order.rawValue == state.order, "\(label)")
-            #expect(await m.startsAllAtOnce == state.startsAllAtOnce, "\(label)")
-            var rules = started
-            if let tunnel = state.proxyTunnel { rules.tunnel = tunnel }
-            if let proxy = state.proxy { rules = try Daemon.proxyRules(proxy, over: rules) }
-            #expect(await m.proxies == rules, "\(label)")
         }
-        await f.close()
     }
 
     static let proxies: [String?] = [nil, "http://127.0.0.1:3128", "socks5h://127.0.0.1:1080", "http://user:secret@127.0.0.1:8080"]

@@ -10,7 +10,7 @@ import TestServer
 @testable import Pickup
 
 /// A daemon in this process, on the test server, listening on a free loopback port.
-final class DaemonFixture: @unchecked Sendable {
+final class DaemonFixture: TestFixture, @unchecked Sendable {
     let server: TestServer
     let root = TempDir()
     let state = TempDir()
@@ -134,225 +134,225 @@ final class DaemonFixture: @unchecked Sendable {
     }
 
     @Test func addsListsPausesResumesAndRemovesOverTheAPI() async throws {
-        let f = try await DaemonFixture()
-        let fast = Resource.bytes(count: 300_000, seed: 1)
-        let slow = Resource.bytes(count: 3_000_000, seed: 2)
-        f.server.set("/fast.bin", Resource(body: fast))
-        // (100 KB/s: 30 s, so that it is still going when paused, however loaded the machine.)
-        f.server.set("/slow.bin", Resource(body: slow, bytesPerSecond: 100_000))
-        let a = try await f.client.add(APIAddRequest(url: f.server.url("/fast.bin")))
-        let b = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin"), name: "sub/slow copy.bin", priority: 5))
-        #expect(b.name == "sub/slow copy.bin")
-        #expect(b.priority == 5)
-        // The same URL and name again is the same download.
-        #expect(try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin"), name: "sub/slow copy.bin")).id == b.id)
+        try await DaemonFixture().run { f in
+            let fast = Resource.bytes(count: 300_000, seed: 1)
+            let slow = Resource.bytes(count: 3_000_000, seed: 2)
+            f.server.set("/fast.bin", Resource(body: fast))
+            // (100 KB/s: 30 s, so that it is still going when paused, however loaded the machine.)
+            f.server.set("/slow.bin", Resource(body: slow, bytesPerSecond: 100_000))
+            let a = try await f.client.add(APIAddRequest(url: f.server.url("/fast.bin")))
+            let b = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin"), name: "sub/slow copy.bin", priority: 5))
+            #expect(b.name == "sub/slow copy.bin")
+            #expect(b.priority == 5)
+            // The same URL and name again is the same download.
+            #expect(try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin"), name: "sub/slow copy.bin")).id == b.id)
 
-        try await f.waitUntil { $0[a.id]?.state == "completed" && ($0[b.id]?.bytesDone ?? 0) > 200_000 }
-        #expect(f.root.read("fast.bin") == fast)
-        #expect(try await f.client.download(a.id).name == "fast.bin")
-        #expect(try await f.client.list(state: "completed").map(\.id) == [a.id])
+            try await f.waitUntil { $0[a.id]?.state == "completed" && ($0[b.id]?.bytesDone ?? 0) > 200_000 }
+            #expect(f.root.read("fast.bin") == fast)
+            #expect(try await f.client.download(a.id).name == "fast.bin")
+            #expect(try await f.client.list(state: "completed").map(\.id) == [a.id])
 
-        #expect(try await f.client.pause(b.id).state == "paused")
-        let paused = try await f.waitUntil { $0[b.id]?.state == "paused" }
-        #expect(try await f.client.list(state: "paused").map(\.id) == [b.id])
-        f.server.update("/slow.bin") { $0.bytesPerSecond = nil }
-        #expect(try await f.client.resume(b.id).state != "paused")
-        try await f.waitUntil { $0[b.id]?.state == "completed" }
-        #expect(f.root.read("sub/slow copy.bin") == slow)
-        let resumed = f.server.requests("/slow.bin").last
-        // Resumed from what the pause kept, not from zero.
-        #expect(paused[b.id]!.bytesDone > 0)
-        #expect(resumed?.headers["range"] != nil && resumed?.headers["range"] != "bytes=0-")
-        #expect(resumed?.headers["if-range"] == "\"v1\"")
+            #expect(try await f.client.pause(b.id).state == "paused")
+            let paused = try await f.waitUntil { $0[b.id]?.state == "paused" }
+            #expect(try await f.client.list(state: "paused").map(\.id) == [b.id])
+            f.server.update("/slow.bin") { $0.bytesPerSecond = nil }
+            #expect(try await f.client.resume(b.id).state != "paused")
+            try await f.waitUntil { $0[b.id]?.state == "completed" }
+            #expect(f.root.read("sub/slow copy.bin") == slow)
+            let resumed = f.server.requests("/slow.bin").last
+            // Resumed from what the pause kept, not from zero.
+            #expect(paused[b.id]!.bytesDone > 0)
+            #expect(resumed?.headers["range"] != nil && resumed?.headers["range"] != "bytes=0-")
+            #expect(resumed?.headers["if-range"] == "\"v1\"")
 
-        try await f.client.remove(a.id, deleteFile: true)
-        #expect(f.root.read("fast.bin") == nil)
-        try await f.client.remove(b.id, deleteFile: false)
-        #expect(f.root.read("sub/slow copy.bin") == slow)
-        #expect(try await f.client.list().isEmpty)
-        #expect(try await f.api(.GET, "/downloads/\(a.id)").status == 404)
-        await f.close()
+            try await f.client.remove(a.id, deleteFile: true)
+            #expect(f.root.read("fast.bin") == nil)
+            try await f.client.remove(b.id, deleteFile: false)
+            #expect(f.root.read("sub/slow copy.bin") == slow)
+            #expect(try await f.client.list().isEmpty)
+            #expect(try await f.api(.GET, "/downloads/\(a.id)").status == 404)
+        }
     }
 
     @Test func refusesMissingTokensForeignHostsAndOrigins() async throws {
-        let f = try await DaemonFixture()
-        let noToken = try await f.raw(.GET, "/api/v1/downloads")
-        #expect(noToken.status == 401)
-        #expect(noToken.body == #"{"error":{"code":"unauthorized","message":"a valid bearer token is required"}}"#
-            || noToken.body.contains("\"unauthorized\""))
-        #expect(!noToken.body.contains("\"id\""))
-        #expect(try await f.raw(.GET, "/api/v1/downloads", token: (f.daemon.token.first == "0" ? "1" : "0") + f.daemon.token.dropFirst()).status == 401)
-        #expect(try await f.raw(.GET, "/api/v1/downloads", token: f.daemon.token + "0").status == 401)
-        #expect(try await f.raw(.GET, "/api/v1/downloads", token: f.daemon.token).status == 200)
-        // DNS rebinding: the right address under another name.
-        #expect(try await f.raw(.GET, "/api/v1/downloads", headers: [("Host", "evil.example:80")], token: f.daemon.token).status == 403)
-        #expect(try await f.raw(.GET, "/", headers: [("Host", "evil.example")]).status == 403)
-        let port = URL(string: f.baseURL)!.port!
-        #expect(try await f.raw(.GET, "/api/v1/downloads", headers: [("Host", "localhost:\(port)")], token: f.daemon.token).status == 200)
-        // A page elsewhere in the browser.
-        let cross = try await f.raw(.POST, "/api/v1/pause-all", headers: [("Origin", "http://evil.example")], token: f.daemon.token)
-        #expect(cross.status == 403)
-        #expect(cross.headers["Access-Control-Allow-Origin"].isEmpty)
-        #expect(try await f.raw(.POST, "/api/v1/pause-all", headers: [("Origin", f.baseURL)], token: f.daemon.token).status == 204)
-        // The token file is the owner's alone.
-        let mode = try FileManager.default.attributesOfItem(atPath: f.state.file("token").string)[.posixPermissions] as? Int
-        #expect(mode == 0o600)
-        await f.close()
+        try await DaemonFixture().run { f in
+            let noToken = try await f.raw(.GET, "/api/v1/downloads")
+            #expect(noToken.status == 401)
+            #expect(noToken.body == #"{"error":{"code":"unauthorized","message":"a valid bearer token is required"}}"#
+                || noToken.body.contains("\"unauthorized\""))
+            #expect(!noToken.body.contains("\"id\""))
+            #expect(try await f.raw(.GET, "/api/v1/downloads", token: (f.daemon.token.first == "0" ? "1" : "0") + f.daemon.token.dropFirst()).status == 401)
+            #expect(try await f.raw(.GET, "/api/v1/downloads", token: f.daemon.token + "0").status == 401)
+            #expect(try await f.raw(.GET, "/api/v1/downloads", token: f.daemon.token).status == 200)
+            // DNS rebinding: the right address under another name.
+            #expect(try await f.raw(.GET, "/api/v1/downloads", headers: [("Host", "evil.example:80")], token: f.daemon.token).status == 403)
+            #expect(try await f.raw(.GET, "/", headers: [("Host", "evil.example")]).status == 403)
+            let port = URL(string: f.baseURL)!.port!
+            #expect(try await f.raw(.GET, "/api/v1/downloads", headers: [("Host", "localhost:\(port)")], token: f.daemon.token).status == 200)
+            // A page elsewhere in the browser.
+            let cross = try await f.raw(.POST, "/api/v1/pause-all", headers: [("Origin", "http://evil.example")], token: f.daemon.token)
+            #expect(cross.status == 403)
+            #expect(cross.headers["Access-Control-Allow-Origin"].isEmpty)
+            #expect(try await f.raw(.POST, "/api/v1/pause-all", headers: [("Origin", f.baseURL)], token: f.daemon.token).status == 204)
+            // The token file is the owner's alone.
+            let mode = try FileManager.default.attributesOfItem(atPath: f.state.file("token").string)[.posixPermissions] as? Int
+            #expect(mode == 0o600)
+        }
     }
 
     @Test func keepsEveryNameInsideTheRoot() async throws {
-        let f = try await DaemonFixture()
-        f.server.set("/x.bin", Resource(body: Resource.bytes(count: 1000)))
-        let outside = TempDir()
-        try FileManager.default.createSymbolicLink(atPath: f.root.file("link").string, withDestinationPath: outside.path.string)
-        try FileManager.default.createSymbolicLink(atPath: f.root.file("passwd").string, withDestinationPath: "/etc/passwd")
-        for name in ["../x.bin", "/tmp/x.bin", "a/../../x.bin", "..", "link/x.bin", "passwd", "", "sub/./../../x",
-                     "esc\\u001b[2Jx.bin", "new\\nline.bin"] {
-            let body = #"{"url":"\#(f.server.url("/x.bin"))","name":"\#(name)"}"#
-            let r = try await f.api(.POST, "/downloads", body: body)
-            #expect(r.status == 400, "\(name)")
-            #expect(r.body.contains("\"bad_name\""), "\(name): \(r.body)")
+        try await DaemonFixture().run { f in
+            f.server.set("/x.bin", Resource(body: Resource.bytes(count: 1000)))
+            let outside = TempDir()
+            try FileManager.default.createSymbolicLink(atPath: f.root.file("link").string, withDestinationPath: outside.path.string)
+            try FileManager.default.createSymbolicLink(atPath: f.root.file("passwd").string, withDestinationPath: "/etc/passwd")
+            for name in ["../x.bin", "/tmp/x.bin", "a/../../x.bin", "..", "link/x.bin", "passwd", "", "sub/./../../x",
+                         "esc\\u001b[2Jx.bin", "new\\nline.bin"] {
+                let body = #"{"url":"\#(f.server.url("/x.bin"))","name":"\#(name)"}"#
+                let r = try await f.api(.POST, "/downloads", body: body)
+                #expect(r.status == 400, "\(name)")
+                #expect(r.body.contains("\"bad_name\""), "\(name): \(r.body)")
+            }
+            #expect(outside.entries.isEmpty)
+            let ok = try await f.client.add(APIAddRequest(url: f.server.url("/x.bin"), name: "deep/er/x.bin"))
+            try await f.waitUntil { $0[ok.id]?.state == "completed" }
+            #expect(f.root.read("deep/er/x.bin")?.count == 1000)
         }
-        #expect(outside.entries.isEmpty)
-        let ok = try await f.client.add(APIAddRequest(url: f.server.url("/x.bin"), name: "deep/er/x.bin"))
-        try await f.waitUntil { $0[ok.id]?.state == "completed" }
-        #expect(f.root.read("deep/er/x.bin")?.count == 1000)
-        await f.close()
     }
 
     @Test func badRequestsGetAClear4xxAndTheDaemonGoesOn() async throws {
-        let f = try await DaemonFixture()
-        let cases: [(HTTPMethod, String, String?, Int, String)] = [
-            (.POST, "/downloads", "{not json", 400, "bad_request"),
-            (.POST, "/downloads", "[]", 400, "bad_request"),
-            (.POST, "/downloads", #"{"url": 5}"#, 400, "bad_request"),
-            (.POST, "/downloads", #"{"url":"http://x/a","priority":"high"}"#, 400, "bad_request"),
-            (.POST, "/downloads", #"{"url":"http://x/a","prioirty":1}"#, 400, "bad_request"),
-            (.POST, "/downloads", #"{"url":"http://x/a","priority":9223372036854775807}"#, 400, "bad_request"),
-            (.POST, "/downloads", #"{"url":"gopher://x/a"}"#, 400, "bad_request"),
-            (.POST, "/downloads", #"{"url":"http://x/a","connections":99}"#, 400, "bad_request"),
-            (.POST, "/downloads", #"{"url":"http://x/a","checksum":"sha-256=zz"}"#, 400, "bad_request"),
-            (.POST, "/downloads", #"{"url":"http://x/a","pad":""# + String(repeating: "x", count: 100_000) + "\"}", 413, "payload_too_large"),
-            (.GET, "/downloads?state=done", nil, 400, "bad_request"),
-            (.GET, "/downloads?limit=-1", nil, 400, "bad_request"),
-            (.GET, "/downloads/abc", nil, 404, "not_found"),
-            (.GET, "/downloads/99", nil, 404, "not_found"),
-            (.POST, "/downloads/99/pause", nil, 404, "not_found"),
-            (.DELETE, "/downloads/99", nil, 404, "not_found"),
-            (.GET, "/nothing/here", nil, 404, "not_found"),
-            (.PATCH, "/settings", #"{"maxConcurrentDownloads":0}"#, 400, "bad_request"),
-            (.PATCH, "/settings", #"{"speedLimit":"fast"}"#, 400, "bad_request"),
-        ]
-        for (method, path, body, status, code) in cases {
-            let r = try await f.api(method, path, body: body)
-            #expect(r.status == status, "\(method) \(path): \(r.body)")
-            let e = try? JSONDecoder().decode(APIErrorEnvelope.self, from: Data(r.body.utf8))
-            #expect(e?.error.code == code, "\(method) \(path): \(r.body)")
-            #expect(e?.error.message.isEmpty == false)
+        try await DaemonFixture().run { f in
+            let cases: [(HTTPMethod, String, String?, Int, String)] = [
+                (.POST, "/downloads", "{not json", 400, "bad_request"),
+                (.POST, "/downloads", "[]", 400, "bad_request"),
+                (.POST, "/downloads", #"{"url": 5}"#, 400, "bad_request"),
+                (.POST, "/downloads", #"{"url":"http://x/a","priority":"high"}"#, 400, "bad_request"),
+                (.POST, "/downloads", #"{"url":"http://x/a","prioirty":1}"#, 400, "bad_request"),
+                (.POST, "/downloads", #"{"url":"http://x/a","priority":9223372036854775807}"#, 400, "bad_request"),
+                (.POST, "/downloads", #"{"url":"gopher://x/a"}"#, 400, "bad_request"),
+                (.POST, "/downloads", #"{"url":"http://x/a","connections":99}"#, 400, "bad_request"),
+                (.POST, "/downloads", #"{"url":"http://x/a","checksum":"sha-256=zz"}"#, 400, "bad_request"),
+                (.POST, "/downloads", #"{"url":"http://x/a","pad":""# + String(repeating: "x", count: 100_000) + "\"}", 413, "payload_too_large"),
+                (.GET, "/downloads?state=done", nil, 400, "bad_request"),
+                (.GET, "/downloads?limit=-1", nil, 400, "bad_request"),
+                (.GET, "/downloads/abc", nil, 404, "not_found"),
+                (.GET, "/downloads/99", nil, 404, "not_found"),
+                (.POST, "/downloads/99/pause", nil, 404, "not_found"),
+                (.DELETE, "/downloads/99", nil, 404, "not_found"),
+                (.GET, "/nothing/here", nil, 404, "not_found"),
+                (.PATCH, "/settings", #"{"maxConcurrentDownloads":0}"#, 400, "bad_request"),
+                (.PATCH, "/settings", #"{"speedLimit":"fast"}"#, 400, "bad_request"),
+            ]
+            for (method, path, body, status, code) in cases {
+                let r = try await f.api(method, path, body: body)
+                #expect(r.status == status, "\(method) \(path): \(r.body)")
+                let e = try? JSONDecoder().decode(APIErrorEnvelope.self, from: Data(r.body.utf8))
+                #expect(e?.error.code == code, "\(method) \(path): \(r.body)")
+                #expect(e?.error.message.isEmpty == false)
+            }
+            f.server.set("/ok.bin", Resource(body: Resource.bytes(count: 10)))
+            let d = try await f.client.add(APIAddRequest(url: f.server.url("/ok.bin")))
+            try await f.waitUntil { $0[d.id]?.state == "completed" }
+            #expect(try await f.api(.POST, "/downloads/\(d.id)/retry").status == 409)
         }
-        f.server.set("/ok.bin", Resource(body: Resource.bytes(count: 10)))
-        let d = try await f.client.add(APIAddRequest(url: f.server.url("/ok.bin")))
-        try await f.waitUntil { $0[d.id]?.state == "completed" }
-        #expect(try await f.api(.POST, "/downloads/\(d.id)/retry").status == 409)
-        await f.close()
     }
 
     @Test func settingsChangeAtOnceAndSurviveARestart() async throws {
-        let f = try await DaemonFixture()
-        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 3, speedLimit: nil))
-        let s = try await f.client.update(APISettingsPatch(maxConcurrentDownloads: 7, speedLimit: .some(500_000)))
-        #expect(s == APISettings(maxConcurrentDownloads: 7, speedLimit: 500_000))
-        #expect(await f.daemon.manager.maxConcurrentDownloads == 7)
-        #expect(await f.daemon.manager.speedLimit == 500_000)
-        await f.stop()
-        try await f.start()
-        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: 500_000))
-        // null removes the limit; a field left out stays.
-        #expect(try await f.api(.PATCH, "/settings", body: #"{"speedLimit":null}"#).status == 200)
-        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: nil))
-        // The queue's order and batch mode, kept across a restart too.
-        let q = try await f.client.update(APISettingsPatch(order: "lifo", startsAllAtOnce: true))
-        #expect(q.order == "lifo" && q.startsAllAtOnce)
-        #expect(await f.daemon.manager.order == .lifo)
-        #expect(await f.daemon.manager.startsAllAtOnce)
-        #expect(try await f.api(.PATCH, "/settings", body: #"{"order":"random"}"#).status == 400)
-        await f.stop()
-        try await f.start()
-        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: nil, order: "lifo", startsAllAtOnce: true))
-        await f.close()
+        try await DaemonFixture().run { f in
+            #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 3, speedLimit: nil))
+            let s = try await f.client.update(APISettingsPatch(maxConcurrentDownloads: 7, speedLimit: .some(500_000)))
+            #expect(s == APISettings(maxConcurrentDownloads: 7, speedLimit: 500_000))
+            #expect(await f.daemon.manager.maxConcurrentDownloads == 7)
+            #expect(await f.daemon.manager.speedLimit == 500_000)
+            await f.stop()
+            try await f.start()
+            #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: 500_000))
+            // null removes the limit; a field left out stays.
+            #expect(try await f.api(.PATCH, "/settings", body: #"{"speedLimit":null}"#).status == 200)
+            #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: nil))
+            // The queue's order and batch mode, kept across a restart too.
+            let q = try await f.client.update(APISettingsPatch(order: "lifo", startsAllAtOnce: true))
+            #expect(q.order == "lifo" && q.startsAllAtOnce)
+            #expect(await f.daemon.manager.order == .lifo)
+            #expect(await f.daemon.manager.startsAllAtOnce)
+            #expect(try await f.api(.PATCH, "/settings", body: #"{"order":"random"}"#).status == 400)
+            await f.stop()
+            try await f.start()
+            #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 7, speedLimit: nil, order: "lifo", startsAllAtOnce: true))
+        }
     }
 
     /// `serve --limit-rate` and `--order` win over the saved settings; hooks can come from the
     /// settings file, and saving settings keeps them.
     @Test func commandLineSettingsWinAndTheSettingsFileCarriesHooks() async throws {
-        let f = try await DaemonFixture { $0.order = .lifo; $0.speedLimit = 100_000 }
-        #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 3, speedLimit: 100_000, order: "lifo"))
-        await f.stop()
-        let scripts = TempDir()
-        let log = scripts.file("log")
-        let hook = writeHook(in: scripts, log: log)
-        let settings = f.state.file("settings.json")
-        // The owner writes the hook into the file (none there yet: nothing was changed over the API).
-        let object: [String: Any] = ["maxConcurrentDownloads": 3, "onComplete": hook.string]
-        try JSONSerialization.data(withJSONObject: object).write(to: URL(fileURLWithPath: settings.string))
-        // A file others can read (or write) names no program.
-        chmod(settings.string, 0o644)
-        try await f.start()
-        #expect(f.daemon.hooks.onComplete == nil, "hooks from a settings file of mode 0644")
-        await f.stop()
-        chmod(settings.string, 0o600)
-        try await f.start()
-        #expect(f.daemon.hooks.onComplete == hook.string)
-        f.server.set("/s.bin", Resource(body: Resource.bytes(count: 500)))
-        let d = try await f.client.add(APIAddRequest(url: f.server.url("/s.bin")))
-        try await f.waitUntil { $0[d.id]?.state == "completed" }
-        #expect(CLI.waitFor { lines(log).count == 1 })
-        #expect(lines(log).first?.hasPrefix("completed|500|") == true)
-        _ = try await f.client.update(APISettingsPatch(maxConcurrentDownloads: 5))
-        let saved = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: settings.string))) as? [String: Any])
-        #expect(saved["onComplete"] as? String == hook.string, "saving the API's settings keeps the owner's hooks")
-        #expect(saved["maxConcurrentDownloads"] as? Int == 5)
-        await f.close()
+        try await DaemonFixture { $0.order = .lifo; $0.speedLimit = 100_000 }.run { f in
+            #expect(try await f.client.settings() == APISettings(maxConcurrentDownloads: 3, speedLimit: 100_000, order: "lifo"))
+            await f.stop()
+            let scripts = TempDir()
+            let log = scripts.file("log")
+            let hook = writeHook(in: scripts, log: log)
+            let settings = f.state.file("settings.json")
+            // The owner writes the hook into the file (none there yet: nothing was changed over the API).
+            let object: [String: Any] = ["maxConcurrentDownloads": 3, "onComplete": hook.string]
+            try JSONSerialization.data(withJSONObject: object).write(to: URL(fileURLWithPath: settings.string))
+            // A file others can read (or write) names no program.
+            chmod(settings.string, 0o644)
+            try await f.start()
+            #expect(f.daemon.hooks.onComplete == nil, "hooks from a settings file of mode 0644")
+            await f.stop()
+            chmod(settings.string, 0o600)
+            try await f.start()
+            #expect(f.daemon.hooks.onComplete == hook.string)
+            f.server.set("/s.bin", Resource(body: Resource.bytes(count: 500)))
+            let d = try await f.client.add(APIAddRequest(url: f.server.url("/s.bin")))
+            try await f.waitUntil { $0[d.id]?.state == "completed" }
+            #expect(CLI.waitFor { lines(log).count == 1 })
+            #expect(lines(log).first?.hasPrefix("completed|500|") == true)
+            _ = try await f.client.update(APISettingsPatch(maxConcurrentDownloads: 5))
+            let saved = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: settings.string))) as? [String: Any])
+            #expect(saved["onComplete"] as? String == hook.string, "saving the API's settings keeps the owner's hooks")
+            #expect(saved["maxConcurrentDownloads"] as? Int == 5)
+        }
     }
 
     /// PATCH /downloads/{id}, GET ?url=, DELETE ?state=: what the library's manager can do, over the API.
     @Test func downloadsChangeOneByOneAndFinishedOnesAreClearedTogether() async throws {
-        let f = try await DaemonFixture { $0.maxConcurrentDownloads = 1 }
-        f.server.set("/done.bin", Resource(body: Resource.bytes(count: 1000)))
-        f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 4_000_000), bytesPerSecond: 200_000))
-        f.server.set("/b.bin", Resource(body: Resource.bytes(count: 1000)))
-        let done = try await f.client.add(APIAddRequest(url: f.server.url("/done.bin")))
-        try await f.waitUntil { $0[done.id]?.state == "completed" }
-        let slow = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin")))
-        try await f.waitUntil { $0[slow.id]?.state == "running" }
-        let a = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin"), name: "a.bin"))
-        let b = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin"), name: "b.bin"))
-        // Priority and limits change; a value out of range changes nothing.
-        #expect(try await f.client.change(a.id, APIDownloadPatch(priority: 3)).priority == 3)
-        #expect(try await f.api(.PATCH, "/downloads/\(a.id)", body: #"{"priority":7,"position":"back"}"#).status == 400)
-        #expect(try await f.client.download(a.id).priority == 3)
-        #expect(try await f.client.change(slow.id, APIDownloadPatch(speedLimit: .some(300_000))).speedLimit == 300_000)
-        #expect(await f.daemon.manager.download(DownloadID(rawValue: slow.id))?.speedLimit == 300_000)
-        #expect(try await f.client.change(slow.id, APIDownloadPatch(speedLimit: .some(nil))).speedLimit == nil)
-        // b goes to the front: a's priority, and before it.
-        let front = try await f.client.change(b.id, APIDownloadPatch(position: "front"))
-        #expect(front.priority == 3)
-        #expect(try await f.api(.PATCH, "/downloads/999", body: #"{"priority":1}"#).status == 404)
-        // Looked up by URL, exactly.
-        #expect(try await f.client.list(url: f.server.url("/b.bin")).map(\.id).sorted() == [a.id, b.id])
-        #expect(try await f.client.list(url: f.server.url("/b.bin") + "x").isEmpty)
-        _ = try await f.client.pause(slow.id)
-        let seen = try await f.waitUntil { $0[b.id]?.state == "running" || $0[b.id]?.state == "completed" }
-        #expect(seen[a.id]?.state == "waiting", "the one moved to the front starts first")
-        // Completed ones go together (their files stay unless asked).
-        #expect(try await f.api(.DELETE, "/downloads?state=running").status == 400)
-        // Nothing changes from here on: a and b are done, slow is paused.
-        try await f.waitUntil { $0[a.id]?.state == "completed" && $0[b.id]?.state == "completed" }
-        #expect(try await f.client.list(state: "completed").map(\.id).sorted() == [done.id, a.id, b.id].sorted())
-        #expect(try await f.client.removeAll(state: "completed", deleteFile: false).removed == 3)
-        #expect(try await f.client.list().map(\.id) == [slow.id])
-        #expect(f.root.read("done.bin") != nil)
-        await f.close()
+        try await DaemonFixture { $0.maxConcurrentDownloads = 1 }.run { f in
+            f.server.set("/done.bin", Resource(body: Resource.bytes(count: 1000)))
+            f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 4_000_000), bytesPerSecond: 200_000))
+            f.server.set("/b.bin", Resource(body: Resource.bytes(count: 1000)))
+            let done = try await f.client.add(APIAddRequest(url: f.server.url("/done.bin")))
+            try await f.waitUntil { $0[done.id]?.state == "completed" }
+            let slow = try await f.client.add(APIAddRequest(url: f.server.url("/slow.bin")))
+            try await f.waitUntil { $0[slow.id]?.state == "running" }
+            let a = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin"), name: "a.bin"))
+            let b = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin"), name: "b.bin"))
+            // Priority and limits change; a value out of range changes nothing.
+            #expect(try await f.client.change(a.id, APIDownloadPatch(priority: 3)).priority == 3)
+            #expect(try await f.api(.PATCH, "/downloads/\(a.id)", body: #"{"priority":7,"position":"back"}"#).status == 400)
+            #expect(try await f.client.download(a.id).priority == 3)
+            #expect(try await f.client.change(slow.id, APIDownloadPatch(speedLimit: .some(300_000))).speedLimit == 300_000)
+            #expect(await f.daemon.manager.download(DownloadID(rawValue: slow.id))?.speedLimit == 300_000)
+            #expect(try await f.client.change(slow.id, APIDownloadPatch(speedLimit: .some(nil))).speedLimit == nil)
+            // b goes to the front: a's priority, and before it.
+            let front = try await f.client.change(b.id, APIDownloadPatch(position: "front"))
+            #expect(front.priority == 3)
+            #expect(try await f.api(.PATCH, "/downloads/999", body: #"{"priority":1}"#).status == 404)
+            // Looked up by URL, exactly.
+            #expect(try await f.client.list(url: f.server.url("/b.bin")).map(\.id).sorted() == [a.id, b.id])
+            #expect(try await f.client.list(url: f.server.url("/b.bin") + "x").isEmpty)
+            _ = try await f.client.pause(slow.id)
+            let seen = try await f.waitUntil { $0[b.id]?.state == "running" || $0[b.id]?.state == "completed" }
+            #expect(seen[a.id]?.state == "waiting", "the one moved to the front starts first")
+            // Completed ones go together (their files stay unless asked).
+            #expect(try await f.api(.DELETE, "/downloads?state=running").status == 400)
+            // Nothing changes from here on: a and b are done, slow is paused.
+            try await f.waitUntil { $0[a.id]?.state == "completed" && $0[b.id]?.state == "completed" }
+            #expect(try await f.client.list(state: "completed").map(\.id).sorted() == [done.id, a.id, b.id].sorted())
+            #expect(try await f.client.removeAll(state: "completed", deleteFile: false).removed == 3)
+            #expect(try await f.client.list().map(\.id) == [slow.id])
+            #expect(f.root.read("done.bin") != nil)
+        }
     }
 
     /// Hooks run without a shell when downloads end, with what they need in the environment; a
@@ -363,19 +363,19 @@ final class DaemonFixture: @unchecked Sendable {
         let hook = scripts.file("hook.sh")
         scripts.write("hook.sh", Array("#!/bin/sh\necho \"$PICKUP_OUTCOME $PICKUP_SIZE $1 $PICKUP_URL\" >> \(log.string)\nexit 3\n".utf8))
         chmod(hook.string, 0o755)
-        let f = try await DaemonFixture { $0.hooks = Hooks(onComplete: hook.string, onError: hook.string, timeout: 10) }
-        f.server.set("/h.bin", Resource(body: Resource.bytes(count: 1234)))
-        let ok = try await f.client.add(APIAddRequest(url: f.server.url("/h.bin")))
-        let bad = try await f.client.add(APIAddRequest(url: f.server.url("/missing.bin")))
-        try await f.waitUntil { $0[ok.id]?.state == "completed" && $0[bad.id]?.state == "failed" }
-        #expect(CLI.waitFor { (try? String(contentsOfFile: log.string, encoding: .utf8))?.split(separator: "\n").count == 2 })
-        let lines = try String(contentsOfFile: log.string, encoding: .utf8).split(separator: "\n").map(String.init).sorted()
-        #expect(lines == ["completed 1234 \(f.root.file("h.bin").string) \(f.server.url("/h.bin"))",
-                          "failed   \(f.server.url("/missing.bin"))"])
-        // The hook's exit status 3 failed nothing.
-        #expect(try await f.client.download(ok.id).state == "completed")
-        #expect(try await f.api(.PATCH, "/settings", body: #"{"onComplete":"/bin/true"}"#).status == 400)
-        await f.close()
+        try await DaemonFixture { $0.hooks = Hooks(onComplete: hook.string, onError: hook.string, timeout: 10) }.run { f in
+            f.server.set("/h.bin", Resource(body: Resource.bytes(count: 1234)))
+            let ok = try await f.client.add(APIAddRequest(url: f.server.url("/h.bin")))
+            let bad = try await f.client.add(APIAddRequest(url: f.server.url("/missing.bin")))
+            try await f.waitUntil { $0[ok.id]?.state == "completed" && $0[bad.id]?.state == "failed" }
+            #expect(CLI.waitFor { (try? String(contentsOfFile: log.string, encoding: .utf8))?.split(separator: "\n").count == 2 })
+            let lines = try String(contentsOfFile: log.string, encoding: .utf8).split(separator: "\n").map(String.init).sorted()
+            #expect(lines == ["completed 1234 \(f.root.file("h.bin").string) \(f.server.url("/h.bin"))",
+                              "failed   \(f.server.url("/missing.bin"))"])
+            // The hook's exit status 3 failed nothing.
+            #expect(try await f.client.download(ok.id).state == "completed")
+            #expect(try await f.api(.PATCH, "/settings", body: #"{"onComplete":"/bin/true"}"#).status == 400)
+        }
     }
 
     /// The hand-written JSON of lists says what JSONEncoder would.
@@ -414,8 +414,7 @@ final class DaemonFixture: @unchecked Sendable {
     /// global one, or none when the server is slower than either (the page names the right party
     /// from this, not the server when it is the user's limit).
     @Test func aDownloadSaysWhichLimitHoldsIt() async throws {
-        let f = try await DaemonFixture { $0.maxConcurrentDownloads = 4 }
-        do {
+        try await DaemonFixture { $0.maxConcurrentDownloads = 4 }.run { f in
             f.server.set("/own.bin", Resource(body: Resource.bytes(count: 8_000_000, seed: 51)))
             f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 8_000_000, seed: 52), bytesPerSecond: 100_000))
             let own = try await f.client.add(APIAddRequest(url: f.server.url("/own.bin"), speedLimit: 200_000))
@@ -436,35 +435,31 @@ final class DaemonFixture: @unchecked Sendable {
             _ = try await f.client.pause(own.id)
             try await f.waitUntil { $0[own.id]?.state == "paused" }
             #expect(try await f.client.download(own.id).limitedBy == nil, "only a running download is held")
-        } catch {
-            await f.close()
-            throw error
         }
-        await f.close()
     }
 
     @Test func aSecondDaemonOnTheSameStateIsRefused() async throws {
-        let f = try await DaemonFixture()
-        #expect(throws: PickupError.self) {
-            try Daemon(configuration: DaemonConfiguration(root: f.root.path, stateDirectory: f.state.path))
+        try await DaemonFixture().run { f in
+            #expect(throws: PickupError.self) {
+                try Daemon(configuration: DaemonConfiguration(root: f.root.path, stateDirectory: f.state.path))
+            }
         }
-        await f.close()
     }
 
     @Test func theWebPageIsServedFromFixedRoutesOnly() async throws {
-        let f = try await DaemonFixture()
-        let page = try await f.raw(.GET, "/")
-        #expect(page.status == 200)
-        #expect(page.body.contains("<script src=\"/app.js\""))
-        #expect(page.headers["Content-Security-Policy"].first?.contains("default-src 'self'") == true)
-        #expect(try await f.raw(.GET, "/app.js").body.contains("/events"))
-        #expect(try await f.raw(.GET, "/style.css").status == 200)
-        for path in ["/../Package.swift", "/app.js/../../token", "/%2e%2e/token", "/Web/index.html", "/token"] {
-            let r = try await f.raw(.GET, path)
-            #expect(r.status == 404, "\(path)")
-            #expect(!r.body.contains(f.daemon.token))
+        try await DaemonFixture().run { f in
+            let page = try await f.raw(.GET, "/")
+            #expect(page.status == 200)
+            #expect(page.body.contains("<script src=\"/app.js\""))
+            #expect(page.headers["Content-Security-Policy"].first?.contains("default-src 'self'") == true)
+            #expect(try await f.raw(.GET, "/app.js").body.contains("/events"))
+            #expect(try await f.raw(.GET, "/style.css").status == 200)
+            for path in ["/../Package.swift", "/app.js/../../token", "/%2e%2e/token", "/Web/index.html", "/token"] {
+                let r = try await f.raw(.GET, path)
+                #expect(r.status == 404, "\(path)")
+                #expect(!r.body.contains(f.daemon.token))
+            }
         }
-        await f.close()
     }
 }
 
@@ -508,44 +503,44 @@ final class RawConnection {
     /// Idle connections and slow heads are closed after the idle timeout (1 s here, 30 by default),
     /// with the WebSocket upgrade of `--aria2-rpc` (`aria2`) as without.
     @Test(arguments: [false, true]) func idleConnectionsAndSlowHeadsAreClosed(aria2: Bool) async throws {
-        let f = try await DaemonFixture {
+        try await DaemonFixture {
             $0.idleTimeout = 1
             $0.aria2RPC = aria2
-        }
-        defer { Task { await f.close() } }
-        let idle = try RawConnection(port: Self.port(f))
-        let slow = try RawConnection(port: Self.port(f))
-        // A head sent a byte at a time: every byte keeps nothing open.
-        var closed = false
-        for byte in "GET /api/v1/downloads HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".map(String.init) {
-            slow.send(byte)
-            if await CLI.eventually(seconds: 0.1, { slow.closedByPeer }) {
-                closed = true
-                break
+        }.run { f in
+            let idle = try RawConnection(port: Self.port(f))
+            let slow = try RawConnection(port: Self.port(f))
+            // A head sent a byte at a time: every byte keeps nothing open.
+            var closed = false
+            for byte in "GET /api/v1/downloads HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".map(String.init) {
+                slow.send(byte)
+                if await CLI.eventually(seconds: 0.1, { slow.closedByPeer }) {
+                    closed = true
+                    break
+                }
             }
+            let slowClosed = await CLI.eventually(seconds: 30) { closed || slow.closedByPeer }
+            #expect(slowClosed, "a slow head kept its connection")
+            #expect(await CLI.eventually(seconds: 30) { idle.closedByPeer }, "an idle connection was kept")
+            // The daemon answers others meanwhile and after.
+            #expect(try await f.api(.GET, "/downloads").status == 200)
         }
-        let slowClosed = await CLI.eventually(seconds: 30) { closed || slow.closedByPeer }
-        #expect(slowClosed, "a slow head kept its connection")
-        #expect(await CLI.eventually(seconds: 30) { idle.closedByPeer }, "an idle connection was kept")
-        // The daemon answers others meanwhile and after.
-        #expect(try await f.api(.GET, "/downloads").status == 200)
     }
 
     /// Past the connection limit a new connection is closed at once; the daemon goes on (with the
     /// WebSocket upgrade of `--aria2-rpc` as without).
     @Test(arguments: [false, true]) func connectionsPastTheLimitAreClosed(aria2: Bool) async throws {
-        let f = try await DaemonFixture {
+        try await DaemonFixture {
             $0.maxConnections = 4
             $0.idleTimeout = 600  // only the limit closes anything here
             $0.aria2RPC = aria2
+        }.run { f in
+            // Five connections to a daemon that keeps four: one of them (whichever its event loops set
+            // up last, not necessarily the last opened) is closed, the others stay.
+            let all = try (0..<5).map { _ in try RawConnection(port: Self.port(f)) }
+            let closedCount = { all.filter { $0.closedByPeer }.count }
+            #expect(await CLI.eventually(seconds: 30) { closedCount() >= 1 }, "a connection past the limit was served")
+            #expect(closedCount() == 1, "\(closedCount()) of 5 closed with a limit of 4")
+            withExtendedLifetime(all) {}
         }
-        defer { Task { await f.close() } }
-        // Five connections to a daemon that keeps four: one of them (whichever its event loops set
-        // up last, not necessarily the last opened) is closed, the others stay.
-        let all = try (0..<5).map { _ in try RawConnection(port: Self.port(f)) }
-        let closedCount = { all.filter { $0.closedByPeer }.count }
-        #expect(await CLI.eventually(seconds: 30) { closedCount() >= 1 }, "a connection past the limit was served")
-        #expect(closedCount() == 1, "\(closedCount()) of 5 closed with a limit of 4")
-        withExtendedLifetime(all) {}
     }
 }

@@ -40,23 +40,23 @@ struct DiskFullTests {
 
     @Test func diskFullStopsClearlyKeepsTheBytesAndResumesOnceThereIsRoom() async throws {
         let disk = try #require(SmallDisk(megabytes: 2), "mounting a small tmpfs failed")
-        let f = try await Fixture()
-        f.server.set("/big.bin", Resource(body: body, bytesPerSecond: 8 * 1024 * 1024))
-        do {
+        try await Fixture().run { f in
+            f.server.set("/big.bin", Resource(body: body, bytesPerSecond: 8 * 1024 * 1024))
+            do throws(PickupError) {
+                _ = try await f.get("/big.bin", to: .file(disk.path.appending("big.bin")))
+                Issue.record("expected a disk-full error")
+            } catch {
+                #expect(error.category == .fileSystem)
+                #expect(error.description.contains("disk full"))
+            }
+            let control = FilePath(disk.path.appending("big.bin").string + ".pickup-ctl")
+            let held = ControlFile.load(control)?.durableBytes ?? 0
+            #expect(held > 0, "bytes already durable are kept")
+            #expect(disk.grow(megabytes: 8))
             _ = try await f.get("/big.bin", to: .file(disk.path.appending("big.bin")))
-            Issue.record("expected a disk-full error")
-        } catch {
-            #expect(error.category == .fileSystem)
-            #expect(error.description.contains("disk full"))
+            #expect(FileManager.default.contents(atPath: disk.path.appending("big.bin").string).map(Array.init) == body)
+            #expect(f.server.requests("/big.bin").last?.headers["range"]?.hasPrefix("bytes=\(held)-") == true)
         }
-        let control = FilePath(disk.path.appending("big.bin").string + ".pickup-ctl")
-        let held = ControlFile.load(control)?.durableBytes ?? 0
-        #expect(held > 0, "bytes already durable are kept")
-        #expect(disk.grow(megabytes: 8))
-        _ = try await f.get("/big.bin", to: .file(disk.path.appending("big.bin")))
-        #expect(FileManager.default.contents(atPath: disk.path.appending("big.bin").string).map(Array.init) == body)
-        #expect(f.server.requests("/big.bin").last?.headers["range"]?.hasPrefix("bytes=\(held)-") == true)
-        await f.close()
     }
 
     @Test func preallocationReportsAFullDiskBeforeDownloading() async throws {

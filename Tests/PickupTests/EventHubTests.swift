@@ -135,17 +135,17 @@ func frames(_ text: String) -> [(String, Data)] {
     }
 
     @Test func eventStreamsOverTheCapGet503() async throws {
-        let f = try await DaemonFixture { $0.maxEventClients = 1 }
-        defer { Task { await f.close() } }
-        let (opened, signal) = AsyncStream<Void>.makeStream()
-        let first = Task {
-            for try await (event, _) in f.client.events() where event == "snapshot" { signal.yield() }
+        try await DaemonFixture { $0.maxEventClients = 1 }.run { f in
+            let (opened, signal) = AsyncStream<Void>.makeStream()
+            let first = Task {
+                for try await (event, _) in f.client.events() where event == "snapshot" { signal.yield() }
+            }
+            for await _ in opened { break }
+            let second = try await f.api(.GET, "/events")
+            #expect(second.status == 503)
+            #expect(second.body.contains("too_many_clients"))
+            first.cancel()
         }
-        for await _ in opened { break }
-        let second = try await f.api(.GET, "/events")
-        #expect(second.status == 503)
-        #expect(second.body.contains("too_many_clients"))
-        first.cancel()
     }
 
     /// A client that stops reading in the middle of its snapshot does not hold the daemon's

@@ -297,21 +297,21 @@ struct FTPProxyTests {
         site.write("x.bin", [1, 2, 3])
         let ftp = try FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        let token = "ghp_SECRETTOKEN123"
-        let added = try await f.client.add(APIAddRequest(url: ftp.url("/x.bin").replacingOccurrences(of: "ftp://", with: "ftp://\(token):pw@")))
-        var seen = added
-        // Polled, bounded: a refused login fails at once (pyftpdlib waits a few seconds before saying so).
-        for _ in 0..<600 where seen.state != "failed" {
-            try await Task.sleep(for: .milliseconds(100))
-            seen = try await f.client.download(added.id)
+        try await DaemonFixture().run { f in
+            let token = "ghp_SECRETTOKEN123"
+            let added = try await f.client.add(APIAddRequest(url: ftp.url("/x.bin").replacingOccurrences(of: "ftp://", with: "ftp://\(token):pw@")))
+            var seen = added
+            // Polled, bounded: a refused login fails at once (pyftpdlib waits a few seconds before saying so).
+            for _ in 0..<600 where seen.state != "failed" {
+                try await Task.sleep(for: .milliseconds(100))
+                seen = try await f.client.download(added.id)
+            }
+            #expect(seen.state == "failed", "\(seen)")
+            let message = seen.error?.message ?? ""
+            #expect(message.contains("refused the login as ***") && !message.contains(token), "\(message)")
+            let listed = try await f.client.list()
+            #expect(!"\(listed)".contains(token), "\(listed)")
         }
-        #expect(seen.state == "failed", "\(seen)")
-        let message = seen.error?.message ?? ""
-        #expect(message.contains("refused the login as ***") && !message.contains(token), "\(message)")
-        let listed = try await f.client.list()
-        #expect(!"\(listed)".contains(token), "\(listed)")
     }
 
     /// The login of the first URL does not go to a mirror on another port of the same host.

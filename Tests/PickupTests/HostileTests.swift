@@ -29,123 +29,123 @@ func isSymlink(_ path: FilePath) -> Bool {
 @Suite struct SymlinkTests {
     @Test(arguments: ["part", "hashed-part", "ctl", "ctl.tmp"])
     func aSymlinkAtAHelperFileNeverRedirectsAWrite(helper: String) async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        let body = Resource.bytes(count: 2 << 20, seed: 3)  // over a MiB: the control file is written at the first response
-        f.server.set("/x.bin", Resource(body: body))
-        let victim = Bystander()
-        let hashed = helper == "hashed-part"
-        let request = DownloadRequest(url: f.server.url("/x.bin"),
-                                      destination: hashed ? .directory(f.dir.path) : .file(f.dir.file("x.bin")))
-        let (_, partial, control) = try FileDownload.paths(for: request)
-        let planted = switch helper {
-        case "part", "hashed-part": partial
-        case "ctl": control
-        default: control + ".tmp"
-        }
-        try symlink(f.dir.file(planted), to: victim.path)
-        let result: Result<DownloadResult, PickupError>
-        do { result = .success(try await f.downloader.download(request)) } catch { result = .failure(error) }
-        #expect(victim.untouched)
-        switch helper {
-        case "part", "hashed-part":
-            // The partial file itself is a symlink: refused, said so, and left for the user.
-            guard case .failure(let e) = result else { Issue.record("a symlinked partial file was used"); return }
-            #expect(e.description.contains("symbolic link"))
-            #expect(e.category == .fileSystem, "exit 6, as the README says")
-            #expect(f.dir.read("x.bin") == nil)
-        default:
-            // A symlinked control file or temp file is replaced by a file of our own.
-            let r = try result.get()
-            #expect(f.dir.read("x.bin") == body)
-            #expect(!isSymlink(r.path))
-            #expect(f.dir.entries == ["x.bin"])
+        try await Fixture().run { f in
+            let body = Resource.bytes(count: 2 << 20, seed: 3)  // over a MiB: the control file is written at the first response
+            f.server.set("/x.bin", Resource(body: body))
+            let victim = Bystander()
+            let hashed = helper == "hashed-part"
+            let request = DownloadRequest(url: f.server.url("/x.bin"),
+                                          destination: hashed ? .directory(f.dir.path) : .file(f.dir.file("x.bin")))
+            let (_, partial, control) = try FileDownload.paths(for: request)
+            let planted = switch helper {
+            case "part", "hashed-part": partial
+            case "ctl": control
+            default: control + ".tmp"
+            }
+            try symlink(f.dir.file(planted), to: victim.path)
+            let result: Result<DownloadResult, PickupError>
+            do throws(PickupError) { result = .success(try await f.downloader.download(request)) } catch { result = .failure(error) }
+            #expect(victim.untouched)
+            switch helper {
+            case "part", "hashed-part":
+                // The partial file itself is a symlink: refused, said so, and left for the user.
+                guard case .failure(let e) = result else { Issue.record("a symlinked partial file was used"); return }
+                #expect(e.description.contains("symbolic link"))
+                #expect(e.category == .fileSystem, "exit 6, as the README says")
+                #expect(f.dir.read("x.bin") == nil)
+            default:
+                // A symlinked control file or temp file is replaced by a file of our own.
+                let r = try result.get()
+                #expect(f.dir.read("x.bin") == body)
+                #expect(!isSymlink(r.path))
+                #expect(f.dir.entries == ["x.bin"])
+            }
         }
     }
 
     @Test func aSymlinkAtTheTargetIsNeitherFollowedNorReplacedUnlessAsked() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        f.server.set("/x.bin", Resource(body: Resource.bytes(count: 5000)))
-        let victim = Bystander()
-        try symlink(f.dir.file("x.bin"), to: victim.path)
-        let r = try await f.get("/x.bin")
-        #expect(r.path == f.dir.file("x (1).bin"))
-        #expect(isSymlink(f.dir.file("x.bin")))
-        let over = try await f.get("/x.bin", to: .file(f.dir.file("x.bin")), overwrite: true, restart: true)
-        #expect(!isSymlink(over.path))
-        #expect(f.dir.read("x.bin") == Resource.bytes(count: 5000))
-        #expect(victim.untouched)
+        try await Fixture().run { f in
+            f.server.set("/x.bin", Resource(body: Resource.bytes(count: 5000)))
+            let victim = Bystander()
+            try symlink(f.dir.file("x.bin"), to: victim.path)
+            let r = try await f.get("/x.bin")
+            #expect(r.path == f.dir.file("x (1).bin"))
+            #expect(isSymlink(f.dir.file("x.bin")))
+            let over = try await f.get("/x.bin", to: .file(f.dir.file("x.bin")), overwrite: true, restart: true)
+            #expect(!isSymlink(over.path))
+            #expect(f.dir.read("x.bin") == Resource.bytes(count: 5000))
+            #expect(victim.untouched)
+        }
     }
 
     /// A finished download moved to the partial file's name of another download is left alone.
     @Test func aFinishedFileAtAPartialFilesNameIsNotTruncated() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        let body = Resource.bytes(count: 3000)
-        f.server.set("/a.bin", Resource(body: body))
-        f.server.set("/b.bin", Resource(body: Resource.bytes(count: 10, seed: 9)))
-        _ = try await f.get("/a.bin")
-        try FileManager.default.moveItem(atPath: f.dir.file("a.bin").string, toPath: f.dir.file("b.bin.pickup-part").string)
-        await #expect(throws: PickupError.self) { try await f.get("/b.bin", to: .file(f.dir.file("b.bin"))) }
-        #expect(f.dir.read("b.bin.pickup-part") == body)
+        try await Fixture().run { f in
+            let body = Resource.bytes(count: 3000)
+            f.server.set("/a.bin", Resource(body: body))
+            f.server.set("/b.bin", Resource(body: Resource.bytes(count: 10, seed: 9)))
+            _ = try await f.get("/a.bin")
+            try FileManager.default.moveItem(atPath: f.dir.file("a.bin").string, toPath: f.dir.file("b.bin.pickup-part").string)
+            await #expect(throws: PickupError.self) { try await f.get("/b.bin", to: .file(f.dir.file("b.bin"))) }
+            #expect(f.dir.read("b.bin.pickup-part") == body)
+        }
     }
 
     @Test func namesThatCollideWithHelperFilesOrDoNotFitAreRefused() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        f.server.set("/x.bin", Resource(body: [1, 2, 3]))
-        for name in ["a.pickup-part", "a.pickup-ctl", "a.pickup-ctl.tmp", String(repeating: "n", count: 241)] {
-            await #expect(throws: PickupError.self, "\(name)") { try await f.get("/x.bin", to: .file(f.dir.file(name))) }
+        try await Fixture().run { f in
+            f.server.set("/x.bin", Resource(body: [1, 2, 3]))
+            for name in ["a.pickup-part", "a.pickup-ctl", "a.pickup-ctl.tmp", String(repeating: "n", count: 241)] {
+                await #expect(throws: PickupError.self, "\(name)") { try await f.get("/x.bin", to: .file(f.dir.file(name))) }
+            }
+            #expect(f.dir.entries.isEmpty)
+            // A server cannot name a file like a helper either.
+            f.server.set("/y", Resource(body: [4, 5], contentDisposition: "attachment; filename=\"z.pickup-part\""))
+            let r = try await f.get("/y")
+            #expect(r.path.lastComponent?.string == "z.pickup-part_")
         }
-        #expect(f.dir.entries.isEmpty)
-        // A server cannot name a file like a helper either.
-        f.server.set("/y", Resource(body: [4, 5], contentDisposition: "attachment; filename=\"z.pickup-part\""))
-        let r = try await f.get("/y")
-        #expect(r.path.lastComponent?.string == "z.pickup-part_")
     }
 }
 
 /// What a hostile or broken server can send.
 @Suite struct HostileServerTests {
     @Test func aRedirectToAnImpossiblePortFailsThatDownloadOnly() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        var r = Resource(body: [])
-        r.redirect = (302, "http://127.0.0.1:99999/x")
-        f.server.set("/r", r)
-        do {
-            _ = try await f.get("/r")
-            Issue.record("the redirect was followed")
-        } catch {
-            #expect(error.category == .server)
-            #expect(error.description.contains("99999"))
-        }
-        await #expect(throws: PickupError.self) {
-            _ = try await f.downloader.download(DownloadRequest(url: "http://127.0.0.1:99999/x", destination: .directory(f.dir.path)))
+        try await Fixture().run { f in
+            var r = Resource(body: [])
+            r.redirect = (302, "http://127.0.0.1:99999/x")
+            f.server.set("/r", r)
+            do throws(PickupError) {
+                _ = try await f.get("/r")
+                Issue.record("the redirect was followed")
+            } catch {
+                #expect(error.category == .server)
+                #expect(error.description.contains("99999"))
+            }
+            await #expect(throws: PickupError.self) {
+                _ = try await f.downloader.download(DownloadRequest(url: "http://127.0.0.1:99999/x", destination: .directory(f.dir.path)))
+            }
         }
     }
 
     /// A server that ignores If-None-Match and sends the finished file again with the same strong
     /// validator: unchanged, no second copy, however often it is run.
     @Test func theSameFileSentAgainIsNotSavedTwice() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        let body = Resource.bytes(count: 300_000)
-        var r = Resource(body: body)
-        r.ignoresConditionals = true
-        f.server.set("/same.bin", r)
-        _ = try await f.get("/same.bin")
-        for _ in 0..<2 {
-            let again = try await f.get("/same.bin")
-            #expect(again.outcome == .unchanged)
+        try await Fixture().run { f in
+            let body = Resource.bytes(count: 300_000)
+            var r = Resource(body: body)
+            r.ignoresConditionals = true
+            f.server.set("/same.bin", r)
+            _ = try await f.get("/same.bin")
+            for _ in 0..<2 {
+                let again = try await f.get("/same.bin")
+                #expect(again.outcome == .unchanged)
+            }
+            #expect(f.dir.entries == ["same.bin"])
+            #expect(f.server.requests("/same.bin").count == 3)
+            // A changed file under the same name is still fetched.
+            f.server.update("/same.bin") { $0.etag = "\"v2\""; $0.body = Resource.bytes(count: 300_000, seed: 2) }
+            let changed = try await f.get("/same.bin")
+            #expect(changed.outcome == .downloaded)
         }
-        #expect(f.dir.entries == ["same.bin"])
-        #expect(f.server.requests("/same.bin").count == 3)
-        // A changed file under the same name is still fetched.
-        f.server.update("/same.bin") { $0.etag = "\"v2\""; $0.body = Resource.bytes(count: 300_000, seed: 2) }
-        let changed = try await f.get("/same.bin")
-        #expect(changed.outcome == .downloaded)
     }
 
     @Test func anOversizedResponseHeadIsAProtocolErrorAtOnce() async throws {
@@ -221,15 +221,15 @@ func isSymlink(_ path: FilePath) -> Bool {
     }
 
     @Test func credentialsInAURLAreNeverShown() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        let url = f.server.url("/missing").replacingOccurrences(of: "http://", with: "http://me:hunter2@")
-        do {
-            _ = try await f.downloader.download(DownloadRequest(url: url, destination: .directory(f.dir.path)))
-            Issue.record("a missing file was downloaded")
-        } catch {
-            #expect(!error.description.contains("hunter2"), "\(error)")
-            #expect(error.description.contains("://***@") && !error.description.contains("me:"), "\(error)")
+        try await Fixture().run { f in
+            let url = f.server.url("/missing").replacingOccurrences(of: "http://", with: "http://me:hunter2@")
+            do throws(PickupError) {
+                _ = try await f.downloader.download(DownloadRequest(url: url, destination: .directory(f.dir.path)))
+                Issue.record("a missing file was downloaded")
+            } catch {
+                #expect(!error.description.contains("hunter2"), "\(error)")
+                #expect(error.description.contains("://***@") && !error.description.contains("me:"), "\(error)")
+            }
         }
     }
 }
@@ -238,55 +238,55 @@ func isSymlink(_ path: FilePath) -> Bool {
 /// download retrying for ever by sending new bytes that replace old ones.
 @Suite struct RetryBudgetTests {
     @Test func wholeFilesCutShortAgainAndAgainExhaustTheRetries() async throws {
-        let f = try await Fixture(retries: 3)
-        defer { Task { await f.close() } }
-        let body = Resource.bytes(count: 100_000, seed: 12)
-        // No range support: every answer is a 200 with the whole file, cut after 1,000 bytes.
-        var r = Resource(body: body, acceptRanges: false, faults: Array(repeating: .dropAfter(1000), count: 40))
-        r.etag = "\"x\""
-        f.server.set("/cut.bin", r)
-        do {
-            _ = try await f.get("/cut.bin")
-            Issue.record("a server that never sends more than 1,000 bytes kept the download going to the end")
-        } catch {
-            #expect(error.category == .network, "\(error)")
+        try await Fixture(retries: 3).run { f in
+            let body = Resource.bytes(count: 100_000, seed: 12)
+            // No range support: every answer is a 200 with the whole file, cut after 1,000 bytes.
+            var r = Resource(body: body, acceptRanges: false, faults: Array(repeating: .dropAfter(1000), count: 40))
+            r.etag = "\"x\""
+            f.server.set("/cut.bin", r)
+            do throws(PickupError) {
+                _ = try await f.get("/cut.bin")
+                Issue.record("a server that never sends more than 1,000 bytes kept the download going to the end")
+            } catch {
+                #expect(error.category == .network, "\(error)")
+            }
+            // Three attempts without progress after the first: a handful of requests, not forty.
+            #expect(f.server.requests("/cut.bin").count <= 6)
         }
-        // Three attempts without progress after the first: a handful of requests, not forty.
-        #expect(f.server.requests("/cut.bin").count <= 6)
     }
 }
 
 /// Speed limits: every wait ends when the download is cancelled, whatever the limit.
 @Suite struct SpeedLimitTests {
     @Test func cancellingAtTheLowestLimitEndsTheDownloadAtOnce() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 1 << 20)))
-        let limiter = RateLimiter(bytesPerSecond: RateLimiter.minimum)
-        let (progressed, signal) = AsyncStream<Void>.makeStream()
-        let request = DownloadRequest(url: f.server.url("/slow.bin"), destination: .directory(f.dir.path), limiters: [limiter])
-        let task = Task { [downloader = f.downloader] in
-            try await downloader.download(request) { if case .progress(let p) = $0, p.bytesDone > 0 { signal.yield() } }
+        try await Fixture().run { f in
+            f.server.set("/slow.bin", Resource(body: Resource.bytes(count: 1 << 20)))
+            let limiter = RateLimiter(bytesPerSecond: RateLimiter.minimum)
+            let (progressed, signal) = AsyncStream<Void>.makeStream()
+            let request = DownloadRequest(url: f.server.url("/slow.bin"), destination: .directory(f.dir.path), limiters: [limiter])
+            let task = Task { [downloader = f.downloader] in
+                try await downloader.download(request) { if case .progress(let p) = $0, p.bytesDone > 0 { signal.yield() } }
+            }
+            for await _ in progressed { break }
+            // The first read put the limiter a minute or more in debt: the connection is paused now.
+            task.cancel()
+            // A guard against a hang, not a timing assertion: without cancellable pauses this waits
+            // for the debt (over a minute).
+            let ended = await withTaskGroup(of: Bool.self) { group in
+                group.addTask { _ = await task.result; return true }
+                group.addTask { try? await Task.sleep(nanoseconds: 30_000_000_000); return false }
+                let first = await group.next() ?? false
+                group.cancelAll()
+                return first
+            }
+            #expect(ended, "the download went on after being cancelled")
+            // 1 MiB at 1 KiB/s cannot have finished: the task must have failed, as interrupted.
+            guard case .failure(let e) = await task.result else {
+                Issue.record("the download finished although it was cancelled at the lowest limit")
+                return
+            }
+            #expect((e as? PickupError)?.category == .interrupted)
         }
-        for await _ in progressed { break }
-        // The first read put the limiter a minute or more in debt: the connection is paused now.
-        task.cancel()
-        // A guard against a hang, not a timing assertion: without cancellable pauses this waits
-        // for the debt (over a minute).
-        let ended = await withTaskGroup(of: Bool.self) { group in
-            group.addTask { _ = await task.result; return true }
-            group.addTask { try? await Task.sleep(nanoseconds: 30_000_000_000); return false }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            return first
-        }
-        #expect(ended, "the download went on after being cancelled")
-        // 1 MiB at 1 KiB/s cannot have finished: the task must have failed, as interrupted.
-        guard case .failure(let e) = await task.result else {
-            Issue.record("the download finished although it was cancelled at the lowest limit")
-            return
-        }
-        #expect((e as? PickupError)?.category == .interrupted)
     }
 
     @Test func aLimitBelowOneKiBIsAUsageError() async throws {
@@ -304,112 +304,112 @@ func isSymlink(_ path: FilePath) -> Bool {
 /// The daemon's root holds at every operation, not only when a download is added.
 @Suite struct DaemonConfinementTests {
     @Test func hiddenTooLongOrHelperNamesAreRefusedAndLeaveNothing() async throws {
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        let names = [".ssh/authorized_keys", "a/.config/x", ".x", "new/dir/x.pickup-part", "new/" + String(repeating: "n", count: 241)]
-        for name in names {
-            let r = try await f.api(.POST, "/downloads", body: #"{"url":"\#(f.server.url("/x"))","name":"\#(name)"}"#)
-            #expect(r.status == 400, "\(name): \(r.body)")
+        try await DaemonFixture().run { f in
+            let names = [".ssh/authorized_keys", "a/.config/x", ".x", "new/dir/x.pickup-part", "new/" + String(repeating: "n", count: 241)]
+            for name in names {
+                let r = try await f.api(.POST, "/downloads", body: #"{"url":"\#(f.server.url("/x"))","name":"\#(name)"}"#)
+                #expect(r.status == 400, "\(name): \(r.body)")
+            }
+            #expect(f.root.entries.isEmpty, "a rejected request created \(f.root.entries)")
+            #expect(try await f.api(.POST, "/downloads", body: #"{"url":"http://127.0.0.1:99999/x"}"#).status == 400)
         }
-        #expect(f.root.entries.isEmpty, "a rejected request created \(f.root.entries)")
-        #expect(try await f.api(.POST, "/downloads", body: #"{"url":"http://127.0.0.1:99999/x"}"#).status == 400)
     }
 
     /// Headers given to the API are sent; listings and events show their names, never the values.
     @Test func headersGoThroughTheAPIAndOnlyTheirNamesComeBack() async throws {
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        f.server.set("/h.bin", Resource(body: [1, 2, 3]))
-        let added = try await f.client.add(APIAddRequest(url: f.server.url("/h.bin"), headers: ["Authorization": "Bearer zzz", "X-A": "1"]))
-        try await f.waitUntil { $0[added.id]?.state == "completed" }
-        #expect(f.server.requests("/h.bin").first?.headers["authorization"] == "Bearer zzz")
-        #expect(f.server.requests("/h.bin").first?.headers["x-a"] == "1")
-        let one = try await f.api(.GET, "/downloads/\(added.id)")
-        let all = try await f.api(.GET, "/downloads")
-        for body in [one.body, all.body, added.headers?.joined() ?? ""] { #expect(!body.contains("zzz")) }
-        #expect(one.body.contains("\"Authorization\""))
-        let bad = try await f.api(.POST, "/downloads", body: #"{"url":"\#(f.server.url("/x"))","headers":{"Range":"bytes=0-"}}"#)
-        #expect(bad.status == 400)
+        try await DaemonFixture().run { f in
+            f.server.set("/h.bin", Resource(body: [1, 2, 3]))
+            let added = try await f.client.add(APIAddRequest(url: f.server.url("/h.bin"), headers: ["Authorization": "Bearer zzz", "X-A": "1"]))
+            try await f.waitUntil { $0[added.id]?.state == "completed" }
+            #expect(f.server.requests("/h.bin").first?.headers["authorization"] == "Bearer zzz")
+            #expect(f.server.requests("/h.bin").first?.headers["x-a"] == "1")
+            let one = try await f.api(.GET, "/downloads/\(added.id)")
+            let all = try await f.api(.GET, "/downloads")
+            for body in [one.body, all.body, added.headers?.joined() ?? ""] { #expect(!body.contains("zzz")) }
+            #expect(one.body.contains("\"Authorization\""))
+            let bad = try await f.api(.POST, "/downloads", body: #"{"url":"\#(f.server.url("/x"))","headers":{"Range":"bytes=0-"}}"#)
+            #expect(bad.status == 400)
+        }
     }
 
     @Test func aDirectorySwappedForASymlinkAfterAddLeadsNowhere() async throws {
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        f.server.set("/x.bin", Resource(body: Resource.bytes(count: 10_000)))
-        let outside = TempDir()
-        let added = try await f.client.add(APIAddRequest(url: f.server.url("/x.bin"), name: "sub/x.bin", paused: true))
-        try symlink(f.root.file("sub"), to: outside.path)
-        _ = try await f.client.resume(added.id)
-        let seen = try await f.waitUntil { $0[added.id]?.state == "failed" || $0[added.id]?.state == "completed" }
-        #expect(seen[added.id]?.state == "failed")
-        #expect(outside.entries.isEmpty)
+        try await DaemonFixture().run { f in
+            f.server.set("/x.bin", Resource(body: Resource.bytes(count: 10_000)))
+            let outside = TempDir()
+            let added = try await f.client.add(APIAddRequest(url: f.server.url("/x.bin"), name: "sub/x.bin", paused: true))
+            try symlink(f.root.file("sub"), to: outside.path)
+            _ = try await f.client.resume(added.id)
+            let seen = try await f.waitUntil { $0[added.id]?.state == "failed" || $0[added.id]?.state == "completed" }
+            #expect(seen[added.id]?.state == "failed")
+            #expect(outside.entries.isEmpty)
+        }
     }
 
     @Test func deletingAFileNeverFollowsASymlinkPlantedSince() async throws {
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        let body = Resource.bytes(count: 10_000)
-        f.server.set("/y.bin", Resource(body: body))
-        let added = try await f.client.add(APIAddRequest(url: f.server.url("/y.bin"), name: "sub2/y.bin"))
-        try await f.waitUntil { $0[added.id]?.state == "completed" }
-        let outside = TempDir()
-        outside.write("y.bin", body)
-        try FileManager.default.moveItem(atPath: f.root.file("sub2").string, toPath: f.root.file("moved").string)
-        try symlink(f.root.file("sub2"), to: outside.path)
-        let r = try await f.api(.DELETE, "/downloads/\(added.id)?deleteFile=true")
-        #expect(r.status == 204)
-        #expect(outside.read("y.bin") == body)
+        try await DaemonFixture().run { f in
+            let body = Resource.bytes(count: 10_000)
+            f.server.set("/y.bin", Resource(body: body))
+            let added = try await f.client.add(APIAddRequest(url: f.server.url("/y.bin"), name: "sub2/y.bin"))
+            try await f.waitUntil { $0[added.id]?.state == "completed" }
+            let outside = TempDir()
+            outside.write("y.bin", body)
+            try FileManager.default.moveItem(atPath: f.root.file("sub2").string, toPath: f.root.file("moved").string)
+            try symlink(f.root.file("sub2"), to: outside.path)
+            let r = try await f.api(.DELETE, "/downloads/\(added.id)?deleteFile=true")
+            #expect(r.status == 204)
+            #expect(outside.read("y.bin") == body)
+        }
     }
 }
 
 @Suite struct CompletionIndexTests {
     @Test func entriesWhoseFileIsGoneAreSwept() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        for i in 0..<3 {
-            f.server.set("/f\(i)", Resource(body: Resource.bytes(count: 100 + i)))
-            _ = try await f.get("/f\(i)")
+        try await Fixture().run { f in
+            for i in 0..<3 {
+                f.server.set("/f\(i)", Resource(body: Resource.bytes(count: 100 + i)))
+                _ = try await f.get("/f\(i)")
+            }
+            let store = CompletionStore(stateDirectory: f.state.path)
+            #expect(store.sweep() == 3)
+            try FileManager.default.removeItem(atPath: f.dir.file("f0").string)
+            f.dir.write("f1", [1])  // replaced by another file
+            #expect(store.sweep() == 1)
         }
-        let store = CompletionStore(stateDirectory: f.state.path)
-        #expect(store.sweep() == 3)
-        try FileManager.default.removeItem(atPath: f.dir.file("f0").string)
-        f.dir.write("f1", [1])  // replaced by another file
-        #expect(store.sweep() == 1)
     }
 
     /// An index written by 0.1 (16 files) is found after the upgrade: the first lookup of one of
     /// its keys splits its file into the 256-way ones; a dropped entry stays dropped; a lookup
     /// reads one key's lines from the end.
     @Test func aSixteenWayIndexIsFoundAfterTheUpgrade() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        f.server.set("/old", Resource(body: Resource.bytes(count: 500)))
-        _ = try await f.get("/old")
-        let store = CompletionStore(stateDirectory: f.state.path)
-        let completed = f.state.path.appending("completed")
-        // Rewrite the index as 0.1 kept it: every line in index-X.log by the key's first digit,
-        // with another key's lines and a dropped one around it.
-        let files = try FileManager.default.contentsOfDirectory(atPath: completed.string).filter { $0.hasPrefix("index-") }
-        var lines: [String] = []
-        for name in files {
-            lines += (try String(contentsOfFile: completed.appending(name).string, encoding: .utf8)).split(separator: "\n").map(String.init)
-            try FileManager.default.removeItem(atPath: completed.appending(name).string)
+        try await Fixture().run { f in
+            f.server.set("/old", Resource(body: Resource.bytes(count: 500)))
+            _ = try await f.get("/old")
+            let store = CompletionStore(stateDirectory: f.state.path)
+            let completed = f.state.path.appending("completed")
+            // Rewrite the index as 0.1 kept it: every line in index-X.log by the key's first digit,
+            // with another key's lines and a dropped one around it.
+            let files = try FileManager.default.contentsOfDirectory(atPath: completed.string).filter { $0.hasPrefix("index-") }
+            var lines: [String] = []
+            for name in files {
+                lines += (try String(contentsOfFile: completed.appending(name).string, encoding: .utf8)).split(separator: "\n").map(String.init)
+                try FileManager.default.removeItem(atPath: completed.appending(name).string)
+            }
+            let key = try #require(lines.first.map { String($0.prefix(32)) })
+            let other = String(key.prefix(1)) + String(repeating: "0", count: 31)
+            let legacy = completed.appending("index-\(key.prefix(1)).log")
+            let text = ([other + " {}"] + lines + [other + " -"]).joined(separator: "\n") + "\n"
+            try text.write(toFile: legacy.string, atomically: true, encoding: .utf8)
+            let dir = try DirectoryHandle.open(f.dir.path, under: nil, create: false)
+            #expect(store.lookup(url: f.server.url("/old"), in: dir, name: nil)?.1.length == 500)
+            #expect(!FileManager.default.fileExists(atPath: legacy.string), "the 16-way file was split")
+            #expect(FileManager.default.fileExists(atPath: completed.appending("index-\(key.prefix(2)).log").string))
+            #expect(store.indexed(other) == nil, "a dropped entry stays dropped")
+            // A rerun finds the file without fetching it again.
+            let before = f.server.requests("/old").count
+            let again = try await f.get("/old")
+            #expect(again.outcome == .unchanged)
+            #expect(f.server.requests("/old").count == before + 1, "one conditional request")
         }
-        let key = try #require(lines.first.map { String($0.prefix(32)) })
-        let other = String(key.prefix(1)) + String(repeating: "0", count: 31)
-        let legacy = completed.appending("index-\(key.prefix(1)).log")
-        let text = ([other + " {}"] + lines + [other + " -"]).joined(separator: "\n") + "\n"
-        try text.write(toFile: legacy.string, atomically: true, encoding: .utf8)
-        let dir = try DirectoryHandle.open(f.dir.path, under: nil, create: false)
-        #expect(store.lookup(url: f.server.url("/old"), in: dir, name: nil)?.1.length == 500)
-        #expect(!FileManager.default.fileExists(atPath: legacy.string), "the 16-way file was split")
-        #expect(FileManager.default.fileExists(atPath: completed.appending("index-\(key.prefix(2)).log").string))
-        #expect(store.indexed(other) == nil, "a dropped entry stays dropped")
-        // A rerun finds the file without fetching it again.
-        let before = f.server.requests("/old").count
-        let again = try await f.get("/old")
-        #expect(again.outcome == .unchanged)
-        #expect(f.server.requests("/old").count == before + 1, "one conditional request")
     }
 
     @Test func theLatestLineOfAKeyWins() {

@@ -201,30 +201,30 @@ import TestServer
     }
 
     @Test func theDocumentIsReadNotSavedWhenFollowed() async throws {
-        let f = try await Fixture(connections: 2)
-        let document = MetalinkTests.document(files: """
-              <file name="image.bin"><size>5</size><url>\(f.server.url("/image.bin"))</url></file>
-            """)
-        f.server.set("/get/image", Self.documentResource(document))
-        var request = DownloadRequest(url: f.server.url("/get/image"), destination: .directory(f.dir.path))
-        request.followMetalink = true
-        let result = try await f.downloader.download(request)
-        #expect(result.outcome == .metalink)
-        #expect(result.metalink?.files.map(\.name) == ["image.bin"])
-        #expect(f.dir.entries.isEmpty, "\(f.dir.entries)")
-        // Not followed: the document is a file like any other.
-        request.followMetalink = false
-        let saved = try await f.downloader.download(request)
-        #expect(saved.outcome == .downloaded)
-        let same = f.dir.read("image") == document
-        #expect(same, "the saved document differs")
-        // Over the bound: refused in words, nothing kept.
-        f.server.set("/big", Self.documentResource([UInt8](repeating: 32, count: Metalink.maxBytes + 1)))
-        request.url = f.server.url("/big")
-        request.followMetalink = true
-        await #expect(throws: PickupError.self) { try await f.downloader.download(request) }
-        #expect(!f.dir.entries.contains { $0.hasPrefix("big") }, "\(f.dir.entries)")
-        await f.close()
+        try await Fixture(connections: 2).run { f in
+            let document = MetalinkTests.document(files: """
+                  <file name="image.bin"><size>5</size><url>\(f.server.url("/image.bin"))</url></file>
+                """)
+            f.server.set("/get/image", Self.documentResource(document))
+            var request = DownloadRequest(url: f.server.url("/get/image"), destination: .directory(f.dir.path))
+            request.followMetalink = true
+            let result = try await f.downloader.download(request)
+            #expect(result.outcome == .metalink)
+            #expect(result.metalink?.files.map(\.name) == ["image.bin"])
+            #expect(f.dir.entries.isEmpty, "\(f.dir.entries)")
+            // Not followed: the document is a file like any other.
+            request.followMetalink = false
+            let saved = try await f.downloader.download(request)
+            #expect(saved.outcome == .downloaded)
+            let same = f.dir.read("image") == document
+            #expect(same, "the saved document differs")
+            // Over the bound: refused in words, nothing kept.
+            f.server.set("/big", Self.documentResource([UInt8](repeating: 32, count: Metalink.maxBytes + 1)))
+            request.url = f.server.url("/big")
+            request.followMetalink = true
+            await #expect(throws: PickupError.self) { try await f.downloader.download(request) }
+            #expect(!f.dir.entries.contains { $0.hasPrefix("big") }, "\(f.dir.entries)")
+        }
     }
 }
 

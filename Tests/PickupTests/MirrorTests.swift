@@ -56,81 +56,81 @@ import PickupDaemon
     }
 
     @Test func threeCappedMirrorsShareTheFileEachWithItsOwnValidators() async throws {
-        let f = try await Fixture(connections: 6)
-        let tags = ["/a": "\"a\"", "/b": "\"b\"", "/c": "\"c\""]
-        for (p, t) in tags { f.server.set(p, Self.mirror(body, etag: t)) }
-        _ = try await download(f, ["/a", "/b", "/c"].map(f.server.url))
-        Self.expectFile(f, is: body)
-        for p in tags.keys {
-            #expect(f.server.requests(p).contains { $0.status == 206 && $0.bytesSent > 0 }, "\(p) sent nothing")
-            // A 503 lowers the mirror's count: connections are not sent there again and again.
-            #expect(f.server.requests(p).filter { $0.status == 503 }.count <= 3, "\(p) turned away again and again")
+        try await Fixture(connections: 6).run { f in
+            let tags = ["/a": "\"a\"", "/b": "\"b\"", "/c": "\"c\""]
+            for (p, t) in tags { f.server.set(p, Self.mirror(body, etag: t)) }
+            _ = try await download(f, ["/a", "/b", "/c"].map(f.server.url))
+            Self.expectFile(f, is: body)
+            for p in tags.keys {
+                #expect(f.server.requests(p).contains { $0.status == 206 && $0.bytesSent > 0 }, "\(p) sent nothing")
+                // A 503 lowers the mirror's count: connections are not sent there again and again.
+                #expect(f.server.requests(p).filter { $0.status == 503 }.count <= 3, "\(p) turned away again and again")
+            }
+            ownValidatorsOnly(f, tags)
+            #expect(f.dir.entries == ["out.bin"])
         }
-        ownValidatorsOnly(f, tags)
-        #expect(f.dir.entries == ["out.bin"])
-        await f.close()
     }
 
     @Test func aDeadMirrorIsRetiredAndTheOthersFinish() async throws {
-        let f = try await Fixture(connections: 4)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
-        f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
-        let dead = "http://127.0.0.1:1/dead.bin"
-        _ = try await download(f, [f.server.url("/a"), dead, f.server.url("/b")])
-        Self.expectFile(f, is: body)
-        // Its connections went to the others at once (no backoff, no "retrying" notice).
-        #expect(!f.events.notices.contains { $0.contains("retrying") }, "\(f.events.notices)")
-        await f.close()
+        try await Fixture(connections: 4).run { f in
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
+            f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
+            let dead = "http://127.0.0.1:1/dead.bin"
+            _ = try await download(f, [f.server.url("/a"), dead, f.server.url("/b")])
+            Self.expectFile(f, is: body)
+            // Its connections went to the others at once (no backoff, no "retrying" notice).
+            #expect(!f.events.notices.contains { $0.contains("retrying") }, "\(f.events.notices)")
+        }
     }
 
     @Test func aMirrorBusyAtFirstIsAskedAgainNotDropped() async throws {
         // (As a server still counting a killed run's connections answers the next run.)
-        let f = try await Fixture(connections: 2)
-        // (The first slow, so that the second is surely asked before the end, however loaded the machine.)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 512 << 10))
-        var busy = Self.mirror(body, etag: "\"b\"", cap: nil)
-        busy.faults = [.status(503, [:])]
-        f.server.set("/b", busy)
-        _ = try await download(f, ["/a", "/b"].map(f.server.url))
-        Self.expectFile(f, is: body)
-        let answers = f.server.requests("/b").map(\.status)
-        #expect(answers.first == 503 && answers.dropFirst().contains(206), "/b answered \(answers)")
-        #expect(!f.events.notices.contains { $0.contains("retired") }, "\(f.events.notices)")
-        await f.close()
+        try await Fixture(connections: 2).run { f in
+            // (The first slow, so that the second is surely asked before the end, however loaded the machine.)
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 512 << 10))
+            var busy = Self.mirror(body, etag: "\"b\"", cap: nil)
+            busy.faults = [.status(503, [:])]
+            f.server.set("/b", busy)
+            _ = try await download(f, ["/a", "/b"].map(f.server.url))
+            Self.expectFile(f, is: body)
+            let answers = f.server.requests("/b").map(\.status)
+            #expect(answers.first == 503 && answers.dropFirst().contains(206), "/b answered \(answers)")
+            #expect(!f.events.notices.contains { $0.contains("retired") }, "\(f.events.notices)")
+        }
     }
 
     @Test func aMirrorAskingForTooLongAWaitIsLeftToTheOthers() async throws {
         // (A stall timeout of seconds: at the usual half second, a loaded machine's slow answer
         // retired /b for stalling before its 503s were heard.)
-        let f = try await Fixture(stall: 5, connections: 2)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 512 << 10))
-        var slow = Self.mirror(body, etag: "\"b\"", cap: nil)
-        slow.faults = Array(repeating: .status(503, ["Retry-After": "3600"]), count: 4)
-        f.server.set("/b", slow)
-        _ = try await download(f, ["/a", "/b"].map(f.server.url))
-        Self.expectFile(f, is: body)
-        #expect(f.events.notices.contains { $0.contains("/b retired") && $0.contains("retry after 3600 s") }, "\(f.events.notices)")
-        await f.close()
+        try await Fixture(stall: 5, connections: 2).run { f in
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 512 << 10))
+            var slow = Self.mirror(body, etag: "\"b\"", cap: nil)
+            slow.faults = Array(repeating: .status(503, ["Retry-After": "3600"]), count: 4)
+            f.server.set("/b", slow)
+            _ = try await download(f, ["/a", "/b"].map(f.server.url))
+            Self.expectFile(f, is: body)
+            #expect(f.events.notices.contains { $0.contains("/b retired") && $0.contains("retry after 3600 s") }, "\(f.events.notices)")
+        }
     }
 
     @Test func aDeadPrimaryLeavesTheFileToItsMirrors() async throws {
-        let f = try await Fixture(connections: 4)
-        f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
-        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: nil))
-        _ = try await download(f, ["http://127.0.0.1:1/dead.bin", f.server.url("/b"), f.server.url("/c")])
-        Self.expectFile(f, is: body)
-        await f.close()
+        try await Fixture(connections: 4).run { f in
+            f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
+            f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: nil))
+            _ = try await download(f, ["http://127.0.0.1:1/dead.bin", f.server.url("/b"), f.server.url("/c")])
+            Self.expectFile(f, is: body)
+        }
     }
 
     @Test func aMirrorOfAnotherLengthIsDroppedWithANotice() async throws {
-        let f = try await Fixture(connections: 4)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
-        f.server.set("/short", Self.mirror(Array(body.dropLast(1000)), etag: "\"s\"", cap: nil))
-        f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
-        _ = try await download(f, ["/a", "/short", "/b"].map(f.server.url))
-        Self.expectFile(f, is: body)
-        #expect(f.events.notices.contains { $0.contains("/short is not the same file as \(f.server.url("/a"))") && $0.contains("length") })
-        await f.close()
+        try await Fixture(connections: 4).run { f in
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil))
+            f.server.set("/short", Self.mirror(Array(body.dropLast(1000)), etag: "\"s\"", cap: nil))
+            f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: nil))
+            _ = try await download(f, ["/a", "/short", "/b"].map(f.server.url))
+            Self.expectFile(f, is: body)
+            #expect(f.events.notices.contains { $0.contains("/short is not the same file as \(f.server.url("/a"))") && $0.contains("length") })
+        }
     }
 
     @Test func aMirrorWhoseFileChangesIsNeverSplicedWithItself() async throws {
@@ -138,90 +138,90 @@ import PickupDaemon
         // later requests carry its own ETag in If-Range (a 200 back retires it) or answer with
         // the new one (retired before a byte is written): /b's bytes in the file are one version.
         // Which one no one can tell without hashes; with piece hashes the file is exact.
-        let f = try await Fixture(connections: 4)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 2 << 20))
-        f.server.set("/b", Self.mirror(body, etag: "\"b1\"", cap: nil, rate: 2 << 20))
-        f.server.change("/b", afterRequests: 1, to: Self.mirror(Resource.bytes(count: body.count, seed: 99), etag: "\"b2\"", cap: nil))
-        _ = try await download(f, ["/a", "/b"].map(f.server.url), pieces: Self.pieces(body, length: 256 * 1024))
-        Self.expectFile(f, is: body)
-        for r in f.server.requests("/b") {
-            if let ir = r.headers["if-range"] { #expect(ir == "\"b1\"" || ir == "\"b2\"") }
+        try await Fixture(connections: 4).run { f in
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: 2 << 20))
+            f.server.set("/b", Self.mirror(body, etag: "\"b1\"", cap: nil, rate: 2 << 20))
+            f.server.change("/b", afterRequests: 1, to: Self.mirror(Resource.bytes(count: body.count, seed: 99), etag: "\"b2\"", cap: nil))
+            _ = try await download(f, ["/a", "/b"].map(f.server.url), pieces: Self.pieces(body, length: 256 * 1024))
+            Self.expectFile(f, is: body)
+            for r in f.server.requests("/b") {
+                if let ir = r.headers["if-range"] { #expect(ir == "\"b1\"" || ir == "\"b2\"") }
+            }
+            #expect(f.events.notices.contains { $0.contains("/b is not the same file") || $0.contains("/b retired") || $0.contains("failed their") },
+                    "\(f.events.notices)")
         }
-        #expect(f.events.notices.contains { $0.contains("/b is not the same file") || $0.contains("/b retired") || $0.contains("failed their") },
-                "\(f.events.notices)")
-        await f.close()
     }
 
     @Test func aMirrorWithOtherBytesIsCaughtPieceByPieceAndNamed() async throws {
-        let f = try await Fixture(connections: 6)
-        let pieces = Self.pieces(body, length: 256 * 1024)
-        // The good ones slower than the bad one, so that it surely serves pieces even when the whole
-        // suite loads the machine (it failed once in CI: the good ones had fetched everything).
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 1 << 20))
-        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: 2))
-        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2, rate: 1 << 20))
-        let r: DownloadResult
-        do { r = try await download(f, ["/a", "/bad", "/c"].map(f.server.url), pieces: pieces) } catch {
-            Issue.record("\(error): \(f.events.notices)")
-            throw error
+        try await Fixture(connections: 6).run { f in
+            let pieces = Self.pieces(body, length: 256 * 1024)
+            // The good ones slower than the bad one, so that it surely serves pieces even when the whole
+            // suite loads the machine (it failed once in CI: the good ones had fetched everything).
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 1 << 20))
+            f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: 2))
+            f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2, rate: 1 << 20))
+            let r: DownloadResult
+            do { r = try await download(f, ["/a", "/bad", "/c"].map(f.server.url), pieces: pieces) } catch {
+                Issue.record("\(error): \(f.events.notices)")
+                throw error
+            }
+            Self.expectFile(f, is: body)
+            #expect(r.size == Int64(body.count))
+            #expect(f.events.notices.contains { $0.contains("failed their sha-256 hash") && $0.contains("/bad") })
+            #expect(f.events.notices.contains { $0.contains("mirror \(f.server.url("/bad")) retired") })
         }
-        Self.expectFile(f, is: body)
-        #expect(r.size == Int64(body.count))
-        #expect(f.events.notices.contains { $0.contains("failed their sha-256 hash") && $0.contains("/bad") })
-        #expect(f.events.notices.contains { $0.contains("mirror \(f.server.url("/bad")) retired") })
-        await f.close()
     }
 
     @Test func piecesAreCheckedAsTheyCompleteAndABadMirrorGoesBeforeTheEnd() async throws {
         // Slow enough (512 KiB/s in all) that checkpoints, and the checks after them, come mid-way,
         // even with the whole suite running at once (at 1 MiB/s a fresh checkout's loaded run saw
         // the bad mirror's two ranges end first).
-        let f = try await Fixture(connections: 4)
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 128 << 10))
-        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 8), etag: "\"x\"", cap: 2, rate: 128 << 10))
-        _ = try await download(f, ["/a", "/bad"].map(f.server.url), pieces: Self.pieces(body, length: 128 * 1024))
-        Self.expectFile(f, is: body)
-        let notices = f.events.notices
-        let early = notices.firstIndex { $0.contains("failed their sha-256 hash") && $0.contains("once the rest is here") }
-        let retired = notices.firstIndex { $0.contains("mirror \(f.server.url("/bad")) retired") }
-        #expect(early != nil && retired != nil, "\(notices)")
-        // Its connections stopped there (without the checks as pieces complete, its two ranges ran to their end).
-        #expect(f.server.bytesSent("/bad") < body.count / 2, "\(f.server.bytesSent("/bad"))")
-        // Named while the rest was coming in: before the first round's end said anything.
-        let end = notices.firstIndex { $0.contains("fetching them again") && !$0.contains("once the rest") || $0.contains("fetching again the") }
-        #expect(retired.map { r in end.map { r < $0 } ?? true } == true, "\(notices)")
-        await f.close()
+        try await Fixture(connections: 4).run { f in
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 128 << 10))
+            f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 8), etag: "\"x\"", cap: 2, rate: 128 << 10))
+            _ = try await download(f, ["/a", "/bad"].map(f.server.url), pieces: Self.pieces(body, length: 128 * 1024))
+            Self.expectFile(f, is: body)
+            let notices = f.events.notices
+            let early = notices.firstIndex { $0.contains("failed their sha-256 hash") && $0.contains("once the rest is here") }
+            let retired = notices.firstIndex { $0.contains("mirror \(f.server.url("/bad")) retired") }
+            #expect(early != nil && retired != nil, "\(notices)")
+            // Its connections stopped there (without the checks as pieces complete, its two ranges ran to their end).
+            #expect(f.server.bytesSent("/bad") < body.count / 2, "\(f.server.bytesSent("/bad"))")
+            // Named while the rest was coming in: before the first round's end said anything.
+            let end = notices.firstIndex { $0.contains("fetching them again") && !$0.contains("once the rest") || $0.contains("fetching again the") }
+            #expect(retired.map { r in end.map { r < $0 } ?? true } == true, "\(notices)")
+        }
     }
 
     @Test func withOnlyAWholeFileHashTheBadMirrorIsFoundByRefetchingSharesNotTheFile() async throws {
-        let f = try await Fixture(connections: 6)
-        // The good ones slower than the bad one, so that it surely serves pieces even when the whole
-        // suite loads the machine (it failed once in CI: the good ones had fetched everything).
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 1 << 20))
-        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: 2))
-        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2, rate: 1 << 20))
-        let checksum = ExpectedDigest(source: "the test", algorithm: .sha256, bytes: Array(SHA256.hash(data: body)))
-        do { _ = try await download(f, ["/a", "/bad", "/c"].map(f.server.url), checksum: checksum) } catch {
-            Issue.record("\(error): \(f.events.notices)")
+        try await Fixture(connections: 6).run { f in
+            // The good ones slower than the bad one, so that it surely serves pieces even when the whole
+            // suite loads the machine (it failed once in CI: the good ones had fetched everything).
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 1 << 20))
+            f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: 2))
+            f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2, rate: 1 << 20))
+            let checksum = ExpectedDigest(source: "the test", algorithm: .sha256, bytes: Array(SHA256.hash(data: body)))
+            do { _ = try await download(f, ["/a", "/bad", "/c"].map(f.server.url), checksum: checksum) } catch {
+                Issue.record("\(error): \(f.events.notices)")
+            }
+            Self.expectFile(f, is: body)
+            #expect(f.events.notices.contains { $0.contains("mirror \(f.server.url("/bad")) retired") }, "\(f.events.notices)")
+            // Shares were fetched again, not the whole file once per suspect.
+            let sent = ["/a", "/bad", "/c"].map(f.server.bytesSent).reduce(0, +)
+            #expect(sent < 3 * body.count, "\(sent) bytes sent for \(body.count)")
         }
-        Self.expectFile(f, is: body)
-        #expect(f.events.notices.contains { $0.contains("mirror \(f.server.url("/bad")) retired") }, "\(f.events.notices)")
-        // Shares were fetched again, not the whole file once per suspect.
-        let sent = ["/a", "/bad", "/c"].map(f.server.bytesSent).reduce(0, +)
-        #expect(sent < 3 * body.count, "\(sent) bytes sent for \(body.count)")
-        await f.close()
     }
 
     @Test func oneConnectionWhoseWholeRangeIsBadFetchesItAgainFromAnotherSource() async throws {
         // One range covering the file, every piece bad: the range is cut to the same shape it had,
         // and must still count as not held.
-        let f = try await Fixture(connections: 1)
-        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: nil, rate: nil))
-        f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: nil))
-        _ = try await download(f, ["/bad", "/a"].map(f.server.url), pieces: Self.pieces(body, length: 1 << 20))
-        Self.expectFile(f, is: body)
-        #expect(f.server.requests("/a").contains { $0.status == 206 })
-        await f.close()
+        try await Fixture(connections: 1).run { f in
+            f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: nil, rate: nil))
+            f.server.set("/a", Self.mirror(body, etag: "\"a\"", cap: nil, rate: nil))
+            _ = try await download(f, ["/bad", "/a"].map(f.server.url), pieces: Self.pieces(body, length: 1 << 20))
+            Self.expectFile(f, is: body)
+            #expect(f.server.requests("/a").contains { $0.status == 206 })
+        }
     }
 
     @Test func aHostileControlFilesWritersNeitherTrapNorCount() {
@@ -235,119 +235,119 @@ import PickupDaemon
     }
 
     @Test func withoutAGoodSourceBadPiecesEndInAVerificationError() async throws {
-        let f = try await Fixture(connections: 2)
-        let pieces = Self.pieces(body, length: 1 << 20)
-        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: nil, rate: nil))
-        f.server.set("/bad2", Self.mirror(Resource.bytes(count: body.count, seed: 8), etag: "\"y\"", cap: nil, rate: nil))
-        do {
-            _ = try await download(f, ["/bad", "/bad2"].map(f.server.url), pieces: pieces)
-            Issue.record("bad bytes were accepted")
-        } catch {
-            #expect(error.category == .verification, "\(error)")
+        try await Fixture(connections: 2).run { f in
+            let pieces = Self.pieces(body, length: 1 << 20)
+            f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 7), etag: "\"x\"", cap: nil, rate: nil))
+            f.server.set("/bad2", Self.mirror(Resource.bytes(count: body.count, seed: 8), etag: "\"y\"", cap: nil, rate: nil))
+            do throws(PickupError) {
+                _ = try await download(f, ["/bad", "/bad2"].map(f.server.url), pieces: pieces)
+                Issue.record("bad bytes were accepted")
+            } catch {
+                #expect(error.category == .verification, "\(error)")
+            }
+            #expect(!f.dir.entries.contains("out.bin"))
         }
-        #expect(!f.dir.entries.contains("out.bin"))
-        await f.close()
     }
 
     @Test func linkHeaderMirrorsAreUsed() async throws {
-        let f = try await Fixture(connections: 4)
-        var primary = Self.mirror(body, etag: "\"a\"", cap: 1, rate: 512 << 10)
-        primary.headers["Link"] = "<\(f.server.url("/b"))>; rel=duplicate; pri=1, <\(f.server.url("/c"))>; rel=duplicate; pri=2"
-        f.server.set("/a", primary)
-        f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: 2))
-        f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2))
-        _ = try await download(f, [f.server.url("/a")])
-        Self.expectFile(f, is: body)
-        #expect(f.server.requests("/b").contains { $0.status == 206 })
-        #expect(f.server.requests("/c").contains { $0.status == 206 })
-        ownValidatorsOnly(f, ["/a": "\"a\"", "/b": "\"b\"", "/c": "\"c\""])
-        await f.close()
+        try await Fixture(connections: 4).run { f in
+            var primary = Self.mirror(body, etag: "\"a\"", cap: 1, rate: 512 << 10)
+            primary.headers["Link"] = "<\(f.server.url("/b"))>; rel=duplicate; pri=1, <\(f.server.url("/c"))>; rel=duplicate; pri=2"
+            f.server.set("/a", primary)
+            f.server.set("/b", Self.mirror(body, etag: "\"b\"", cap: 2))
+            f.server.set("/c", Self.mirror(body, etag: "\"c\"", cap: 2))
+            _ = try await download(f, [f.server.url("/a")])
+            Self.expectFile(f, is: body)
+            #expect(f.server.requests("/b").contains { $0.status == 206 })
+            #expect(f.server.requests("/c").contains { $0.status == 206 })
+            ownValidatorsOnly(f, ["/a": "\"a\"", "/b": "\"b\"", "/c": "\"c\""])
+        }
     }
 
     @Test func anInterruptedDownloadResumesFromEveryMirrorWithItsOwnValidators() async throws {
-        let f = try await Fixture(connections: 4)
-        let tags = ["/a": "\"a\"", "/b": "\"b\""]
-        // Slow (1 MiB/s in all): the rest takes seconds, more than the suite keeps the pool from
-        // delivering the progress event that cancels.
-        for (p, t) in tags { f.server.set(p, Self.mirror(body, etag: t, cap: 2, rate: 256 << 10)) }
-        let urls = ["/a", "/b"].map(f.server.url)
-        let request = DownloadRequest(url: urls[0], destination: .file(f.dir.file("out.bin")), mirrors: [urls[1]])
-        // Cancelled from the progress handler itself: a wait on the cooperative pool, busy with the
-        // rest of the suite, could see the moment only after the download had ended.
-        let running = LockedBox<Task<DownloadResult, any Error>?>(nil)
-        let task = Task { [downloader = f.downloader] in
-            try await downloader.download(request) {
-                if case .progress(let p) = $0, p.bytesDone > 1 << 20 { running.value?.cancel() }
+        try await Fixture(connections: 4).run { f in
+            let tags = ["/a": "\"a\"", "/b": "\"b\""]
+            // Slow (1 MiB/s in all): the rest takes seconds, more than the suite keeps the pool from
+            // delivering the progress event that cancels.
+            for (p, t) in tags { f.server.set(p, Self.mirror(body, etag: t, cap: 2, rate: 256 << 10)) }
+            let urls = ["/a", "/b"].map(f.server.url)
+            let request = DownloadRequest(url: urls[0], destination: .file(f.dir.file("out.bin")), mirrors: [urls[1]])
+            // Cancelled from the progress handler itself: a wait on the cooperative pool, busy with the
+            // rest of the suite, could see the moment only after the download had ended.
+            let running = LockedBox<Task<DownloadResult, any Error>?>(nil)
+            let task = Task { [downloader = f.downloader] in
+                try await downloader.download(request) {
+                    if case .progress(let p) = $0, p.bytesDone > 1 << 20 { running.value?.cancel() }
+                }
             }
+            running.value = task
+            let ended = await task.result
+            let interrupted = if case .failure(PickupError.interrupted) = ended { true } else { false }
+            #expect(interrupted, "the download ended before it was cancelled: \(ended)")
+            let record = try #require(ControlFile.load("out.bin" + SafeFileName.controlSuffix,
+                                                       in: DirectoryHandle.open(f.dir.path, under: nil, create: false)))
+            #expect(record.validators?.etag?.headerValue == "\"a\"")
+            #expect(record.mirrors?.map(\.url) == [urls[1]])
+            #expect(record.mirrors?.first?.validators?.etag?.headerValue == "\"b\"")
+            let before = f.server.bytesSent("/a") + f.server.bytesSent("/b")
+            let asked = tags.keys.map { ($0, f.server.requests($0).count) }
+            for p in tags.keys { f.server.update(p) { $0.bytesPerSecond = nil } }
+            _ = try await download(f, urls)
+            Self.expectFile(f, is: body)
+            ownValidatorsOnly(f, tags)
+            // Every range resumed from where it was, under the validators of the mirror asked.
+            let rerun = asked.flatMap { p, n in f.server.requests(p).dropFirst(n).map { (p, $0) } }.filter { $0.1.status == 206 }
+            let answers = asked.map { p, n in "\(p): \(f.server.requests(p).dropFirst(n).map(\.status))" }
+            #expect(!rerun.isEmpty, "the second run's answers: \(answers)")
+            for (p, r) in rerun { #expect(r.headers["if-range"] == tags[p], "\(p): \(r.headers["range"] ?? "")") }
+            // Resumed, not fetched again: what the second run fetched is what the first did not keep.
+            let after = f.server.bytesSent("/a") + f.server.bytesSent("/b")
+            #expect(after - before < body.count - Int(record.durableBytes) + (4 << 20))
         }
-        running.value = task
-        let ended = await task.result
-        let interrupted = if case .failure(PickupError.interrupted) = ended { true } else { false }
-        #expect(interrupted, "the download ended before it was cancelled: \(ended)")
-        let record = try #require(ControlFile.load("out.bin" + SafeFileName.controlSuffix,
-                                                   in: DirectoryHandle.open(f.dir.path, under: nil, create: false)))
-        #expect(record.validators?.etag?.headerValue == "\"a\"")
-        #expect(record.mirrors?.map(\.url) == [urls[1]])
-        #expect(record.mirrors?.first?.validators?.etag?.headerValue == "\"b\"")
-        let before = f.server.bytesSent("/a") + f.server.bytesSent("/b")
-        let asked = tags.keys.map { ($0, f.server.requests($0).count) }
-        for p in tags.keys { f.server.update(p) { $0.bytesPerSecond = nil } }
-        _ = try await download(f, urls)
-        Self.expectFile(f, is: body)
-        ownValidatorsOnly(f, tags)
-        // Every range resumed from where it was, under the validators of the mirror asked.
-        let rerun = asked.flatMap { p, n in f.server.requests(p).dropFirst(n).map { (p, $0) } }.filter { $0.1.status == 206 }
-        let answers = asked.map { p, n in "\(p): \(f.server.requests(p).dropFirst(n).map(\.status))" }
-        #expect(!rerun.isEmpty, "the second run's answers: \(answers)")
-        for (p, r) in rerun { #expect(r.headers["if-range"] == tags[p], "\(p): \(r.headers["range"] ?? "")") }
-        // Resumed, not fetched again: what the second run fetched is what the first did not keep.
-        let after = f.server.bytesSent("/a") + f.server.bytesSent("/b")
-        #expect(after - before < body.count - Int(record.durableBytes) + (4 << 20))
-        await f.close()
     }
 
     @Test func theManagerKeepsMirrorsAndPiecesAcrossARestart() async throws {
-        let f = try await ManagerFixture()
-        for (p, t) in ["/a": "\"a\"", "/b": "\"b\""] { f.server.set(p, Self.mirror(body, etag: t, cap: 2, rate: 1 << 20)) }
-        f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 5), etag: "\"x\"", cap: 2, rate: 1 << 20))
-        var config = f.configuration()
-        config.engine.connections = 6
-        let pieces = Self.pieces(body, length: 512 * 1024)
-        let item = NewDownload(url: f.server.url("/a"), to: .file(f.dir.file("out.bin")),
-                               mirrors: ["/bad", "/b"].map(f.server.url), pieces: pieces)
-        let first = try DownloadManager(configuration: config)
-        let id = try await first.add([item])[0]
-        await first.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 1 << 20 }
-        await first.shutdown()
-        for p in ["/a", "/b", "/bad"] { f.server.update(p) { $0.bytesPerSecond = nil } }
-        let second = try DownloadManager(configuration: config)
-        let info = try #require(await second.download(id))
-        #expect(info.mirrors == ["/bad", "/b"].map(f.server.url))
-        #expect(info.pieces == pieces)
-        await second.waitUntilAll(.completed)
-        let same = f.dir.read("out.bin") == body
-        #expect(same, "the file differs")
-        await second.shutdown()
-        await f.close()
+        try await ManagerFixture().run { f in
+            for (p, t) in ["/a": "\"a\"", "/b": "\"b\""] { f.server.set(p, Self.mirror(body, etag: t, cap: 2, rate: 1 << 20)) }
+            f.server.set("/bad", Self.mirror(Resource.bytes(count: body.count, seed: 5), etag: "\"x\"", cap: 2, rate: 1 << 20))
+            var config = f.configuration()
+            config.engine.connections = 6
+            let pieces = Self.pieces(body, length: 512 * 1024)
+            let item = NewDownload(url: f.server.url("/a"), to: .file(f.dir.file("out.bin")),
+                                   mirrors: ["/bad", "/b"].map(f.server.url), pieces: pieces)
+            let first = try DownloadManager(configuration: config)
+            let id = try await first.add([item])[0]
+            await first.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 1 << 20 }
+            await first.shutdown()
+            for p in ["/a", "/b", "/bad"] { f.server.update(p) { $0.bytesPerSecond = nil } }
+            let second = try DownloadManager(configuration: config)
+            let info = try #require(await second.download(id))
+            #expect(info.mirrors == ["/bad", "/b"].map(f.server.url))
+            #expect(info.pieces == pieces)
+            await second.waitUntilAll(.completed)
+            let same = f.dir.read("out.bin") == body
+            #expect(same, "the file differs")
+            await second.shutdown()
+        }
     }
 
     @Test func theAPITakesURLsAsMirrorsAndShowsThemWithoutCredentials() async throws {
-        let f = try await DaemonFixture { $0.engine.connections = 4 }
-        f.server.set("/a.bin", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 512 << 10))
-        f.server.set("/b.bin", Self.mirror(body, etag: "\"b\"", cap: 2))
-        let secret = f.server.url("/b.bin").replacingOccurrences(of: "http://", with: "http://u:hunter2@")
-        let added = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin"), name: "m.bin", urls: [secret]))
-        #expect(added.mirrors == [f.server.url("/b.bin").replacingOccurrences(of: "http://", with: "http://***@")])
-        _ = try await f.waitUntil { $0[added.id]?.state == "completed" }
-        let same = f.root.read("m.bin") == body
-        #expect(same, "the file differs")
-        // The mirror's own credentials went to it, and to no one else.
-        #expect(f.server.requests("/b.bin").contains { $0.headers["authorization"] != nil })
-        #expect(!f.server.requests("/a.bin").contains { $0.headers["authorization"] != nil })
-        // Only "urls": the first is the URL.
-        let body2 = try JSONDecoder().decode(APIAddRequest.self, from: Data(#"{"urls":["http://x/1","http://y/1"]}"#.utf8))
-        #expect(body2.url == "http://x/1" && body2.urls == ["http://y/1"])
-        await f.close()
+        try await DaemonFixture { $0.engine.connections = 4 }.run { f in
+            f.server.set("/a.bin", Self.mirror(body, etag: "\"a\"", cap: 2, rate: 512 << 10))
+            f.server.set("/b.bin", Self.mirror(body, etag: "\"b\"", cap: 2))
+            let secret = f.server.url("/b.bin").replacingOccurrences(of: "http://", with: "http://u:hunter2@")
+            let added = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin"), name: "m.bin", urls: [secret]))
+            #expect(added.mirrors == [f.server.url("/b.bin").replacingOccurrences(of: "http://", with: "http://***@")])
+            _ = try await f.waitUntil { $0[added.id]?.state == "completed" }
+            let same = f.root.read("m.bin") == body
+            #expect(same, "the file differs")
+            // The mirror's own credentials went to it, and to no one else.
+            #expect(f.server.requests("/b.bin").contains { $0.headers["authorization"] != nil })
+            #expect(!f.server.requests("/a.bin").contains { $0.headers["authorization"] != nil })
+            // Only "urls": the first is the URL.
+            let body2 = try JSONDecoder().decode(APIAddRequest.self, from: Data(#"{"urls":["http://x/1","http://y/1"]}"#.utf8))
+            #expect(body2.url == "http://x/1" && body2.urls == ["http://y/1"])
+        }
     }
 
     @Test func inputListLinesTakeTabSeparatedMirrors() throws {

@@ -20,156 +20,156 @@ import TestServer
     /// a later download of the same URL to the same path.
     @Test(arguments: [false, true], [false, true])
     func managerRemoveKeepsThePartialFileUnlessAsked(deletePartial: Bool, paused: Bool) async throws {
-        let f = try await ManagerFixture()
-        defer { Task { await f.close() } }
-        let body = f.serveFiles(1, size: 3_000_000, rate: 400_000)[0]
-        let m = try f.manager()
-        let target = f.dir.file("0.bin")
-        let id = try await m.add(f.server.url("/f/0.bin"), to: .file(target))
-        await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 300_000 }
-        if paused {
-            try await m.pause(id)
-            await m.waitUntil { $0[id]?.state == .paused }
+        try await ManagerFixture().run { f in
+            let body = f.serveFiles(1, size: 3_000_000, rate: 400_000)[0]
+            let m = try f.manager()
+            let target = f.dir.file("0.bin")
+            let id = try await m.add(f.server.url("/f/0.bin"), to: .file(target))
+            await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 300_000 }
+            if paused {
+                try await m.pause(id)
+                await m.waitUntil { $0[id]?.state == .paused }
+            }
+            try await m.remove(id, deletePartial: deletePartial)
+            #expect(await m.download(id) == nil)
+            await m.shutdown()  // waits for the transfer to end (and a deletion asked for after it)
+            #expect(f.dir.read("0.bin") == nil)
+            if deletePartial {
+                #expect(Self.helpers(of: "0.bin", in: f.dir).isEmpty, "\(f.dir.entries)")
+                return
+            }
+            #expect(Self.helpers(of: "0.bin", in: f.dir).contains("0.bin.pickup-part"), "\(f.dir.entries)")
+            #expect(Self.helpers(of: "0.bin", in: f.dir).contains("0.bin.pickup-ctl"), "\(f.dir.entries)")
+            // Findable: the same URL to the same path resumes it (as `pickup get URL -o 0.bin` would).
+            f.server.update("/f/0.bin") { $0.bytesPerSecond = nil }
+            let downloader = testDownloader(state: f.state.path)
+            let r = try await downloader.download(DownloadRequest(url: f.server.url("/f/0.bin"), destination: .file(target)))
+            await downloader.shutdown()
+            #expect(r.resumedFrom > 0)
+            #expect(f.dir.read("0.bin") == body)
+            let resumed = f.server.requests("/f/0.bin").last?.headers
+            #expect(resumed?["range"] != nil && resumed?["range"] != "bytes=0-", "\(String(describing: resumed))")
+            #expect(f.dir.entries == ["0.bin"])
         }
-        try await m.remove(id, deletePartial: deletePartial)
-        #expect(await m.download(id) == nil)
-        await m.shutdown()  // waits for the transfer to end (and a deletion asked for after it)
-        #expect(f.dir.read("0.bin") == nil)
-        if deletePartial {
-            #expect(Self.helpers(of: "0.bin", in: f.dir).isEmpty, "\(f.dir.entries)")
-            return
-        }
-        #expect(Self.helpers(of: "0.bin", in: f.dir).contains("0.bin.pickup-part"), "\(f.dir.entries)")
-        #expect(Self.helpers(of: "0.bin", in: f.dir).contains("0.bin.pickup-ctl"), "\(f.dir.entries)")
-        // Findable: the same URL to the same path resumes it (as `pickup get URL -o 0.bin` would).
-        f.server.update("/f/0.bin") { $0.bytesPerSecond = nil }
-        let downloader = testDownloader(state: f.state.path)
-        let r = try await downloader.download(DownloadRequest(url: f.server.url("/f/0.bin"), destination: .file(target)))
-        await downloader.shutdown()
-        #expect(r.resumedFrom > 0)
-        #expect(f.dir.read("0.bin") == body)
-        let resumed = f.server.requests("/f/0.bin").last?.headers
-        #expect(resumed?["range"] != nil && resumed?["range"] != "bytes=0-", "\(String(describing: resumed))")
-        #expect(f.dir.entries == ["0.bin"])
     }
 
     /// `DELETE /downloads/{id}` keeps the partial file by default (adding the download again
     /// resumes it) and deletes it, with its helper files, with `deletePartial=true`.
     @Test func apiDeleteKeepsThePartialFileUnlessAsked() async throws {
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        // (100 KB/s: 30 s a file, so that none finishes before it is paused, however loaded the machine.)
-        let body = Resource.bytes(count: 3_000_000, seed: 31)
-        f.server.set("/keep.bin", Resource(body: body, bytesPerSecond: 100_000))
-        f.server.set("/drop.bin", Resource(body: Resource.bytes(count: 3_000_000, seed: 32), bytesPerSecond: 100_000))
-        let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin"))
-        let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin"))
-        try await f.waitUntil { ($0[keep.id]?.bytesDone ?? 0) > 300_000 && ($0[drop.id]?.bytesDone ?? 0) > 300_000 }
-        _ = try await f.client.pause(keep.id)
-        _ = try await f.client.pause(drop.id)
-        try await f.waitUntil { $0[keep.id]?.state == "paused" && $0[drop.id]?.state == "paused" }
+        try await DaemonFixture().run { f in
+            // (100 KB/s: 30 s a file, so that none finishes before it is paused, however loaded the machine.)
+            let body = Resource.bytes(count: 3_000_000, seed: 31)
+            f.server.set("/keep.bin", Resource(body: body, bytesPerSecond: 100_000))
+            f.server.set("/drop.bin", Resource(body: Resource.bytes(count: 3_000_000, seed: 32), bytesPerSecond: 100_000))
+            let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin"))
+            let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin"))
+            try await f.waitUntil { ($0[keep.id]?.bytesDone ?? 0) > 300_000 && ($0[drop.id]?.bytesDone ?? 0) > 300_000 }
+            _ = try await f.client.pause(keep.id)
+            _ = try await f.client.pause(drop.id)
+            try await f.waitUntil { $0[keep.id]?.state == "paused" && $0[drop.id]?.state == "paused" }
 
-        #expect(try await f.api(.DELETE, "/downloads/\(keep.id)").status == 204)
-        #expect(try await f.api(.DELETE, "/downloads/\(drop.id)?deletePartial=true").status == 204)
-        #expect(try await f.api(.GET, "/downloads/\(keep.id)").status == 404)
-        // A paused transfer may still be ending: its partial file goes once it has.
-        let dropped = await CLI.eventually { Self.helpers(of: "drop.bin", in: f.root).isEmpty }
-        #expect(dropped, "\(f.root.entries)")
-        #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
-        #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-ctl"), "\(f.root.entries)")
+            #expect(try await f.api(.DELETE, "/downloads/\(keep.id)").status == 204)
+            #expect(try await f.api(.DELETE, "/downloads/\(drop.id)?deletePartial=true").status == 204)
+            #expect(try await f.api(.GET, "/downloads/\(keep.id)").status == 404)
+            // A paused transfer may still be ending: its partial file goes once it has.
+            let dropped = await CLI.eventually { Self.helpers(of: "drop.bin", in: f.root).isEmpty }
+            #expect(dropped, "\(f.root.entries)")
+            #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
+            #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-ctl"), "\(f.root.entries)")
 
-        // Added again, it resumes from what was kept.
-        f.server.update("/keep.bin") { $0.bytesPerSecond = nil }
-        let again = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin"))
-        try await f.waitUntil { $0[again.id]?.state == "completed" }
-        #expect(f.root.read("keep.bin") == body)
-        let resumed = f.server.requests("/keep.bin").last?.headers
-        #expect(resumed?["range"] != nil && resumed?["range"] != "bytes=0-", "\(String(describing: resumed))")
-        #expect(f.root.entries == ["keep.bin"])
+            // Added again, it resumes from what was kept.
+            f.server.update("/keep.bin") { $0.bytesPerSecond = nil }
+            let again = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin"))
+            try await f.waitUntil { $0[again.id]?.state == "completed" }
+            #expect(f.root.read("keep.bin") == body)
+            let resumed = f.server.requests("/keep.bin").last?.headers
+            #expect(resumed?["range"] != nil && resumed?["range"] != "bytes=0-", "\(String(describing: resumed))")
+            #expect(f.root.entries == ["keep.bin"])
+        }
     }
 
     /// `pickup rm ID` keeps an unfinished download's partial file; `--delete-partial` deletes it
     /// with its helper files.
     @Test func pickupRmKeepsThePartialFileUnlessDeletePartial() async throws {
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        for name in ["keep.bin", "drop.bin"] {
-            f.server.set("/" + name, Resource(body: Resource.bytes(count: 3_000_000, seed: 37), bytesPerSecond: 100_000))
+        try await DaemonFixture().run { f in
+            for name in ["keep.bin", "drop.bin"] {
+                f.server.set("/" + name, Resource(body: Resource.bytes(count: 3_000_000, seed: 37), bytesPerSecond: 100_000))
+            }
+            let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin", paused: false))
+            let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin", paused: false))
+            try await f.waitUntil { ($0[keep.id]?.bytesDone ?? 0) > 300_000 && ($0[drop.id]?.bytesDone ?? 0) > 300_000 }
+            _ = try await f.client.pause(keep.id)
+            _ = try await f.client.pause(drop.id)
+            try await f.waitUntil { $0[keep.id]?.state == "paused" && $0[drop.id]?.state == "paused" }
+            let s = ["--state", f.state.path.string]
+            let kept = try await CLI.offPool { try CLI.capture(["rm", String(keep.id)] + s, state: f.state.path) }
+            #expect(kept.status == 0, "\(kept.err)")
+            let dropped = try await CLI.offPool { try CLI.capture(["rm", String(drop.id), "--delete-partial"] + s, state: f.state.path) }
+            #expect(dropped.status == 0, "\(dropped.err)")
+            #expect(try await f.client.list().isEmpty)
+            let gone = await CLI.eventually { Self.helpers(of: "drop.bin", in: f.root).isEmpty }
+            #expect(gone, "\(f.root.entries)")
+            #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
+            #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-ctl"), "\(f.root.entries)")
         }
-        let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin", paused: false))
-        let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin", paused: false))
-        try await f.waitUntil { ($0[keep.id]?.bytesDone ?? 0) > 300_000 && ($0[drop.id]?.bytesDone ?? 0) > 300_000 }
-        _ = try await f.client.pause(keep.id)
-        _ = try await f.client.pause(drop.id)
-        try await f.waitUntil { $0[keep.id]?.state == "paused" && $0[drop.id]?.state == "paused" }
-        let s = ["--state", f.state.path.string]
-        let kept = try await CLI.offPool { try CLI.capture(["rm", String(keep.id)] + s, state: f.state.path) }
-        #expect(kept.status == 0, "\(kept.err)")
-        let dropped = try await CLI.offPool { try CLI.capture(["rm", String(drop.id), "--delete-partial"] + s, state: f.state.path) }
-        #expect(dropped.status == 0, "\(dropped.err)")
-        #expect(try await f.client.list().isEmpty)
-        let gone = await CLI.eventually { Self.helpers(of: "drop.bin", in: f.root).isEmpty }
-        #expect(gone, "\(f.root.entries)")
-        #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
-        #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-ctl"), "\(f.root.entries)")
     }
 
     /// A `.file` destination over a file that is not this URL's finished download fails with
     /// `targetExists` before any request, leaving it as it was and creating nothing; `overwrite`
     /// replaces it; then the file is Pickup's, and a rerun is the usual conditional check.
     @Test func aFileDestinationOverAForeignFileStopsUnlessOverwrite() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        let body = Resource.bytes(count: 100_000, seed: 33)
-        f.server.set("/a.bin", Resource(body: body))
-        let mine = Array("my own notes\n".utf8)
-        f.dir.write("notes.txt", mine)
-        let target = Destination.file(f.dir.file("notes.txt"))
-        do {
-            _ = try await f.get("/a.bin", to: target)
-            Issue.record("the download went ahead")
-        } catch {
-            guard case .targetExists(let path) = error else { throw error }
-            #expect(path == f.dir.file("notes.txt").string)
-            #expect(error.category == .fileSystem)
+        try await Fixture().run { f in
+            let body = Resource.bytes(count: 100_000, seed: 33)
+            f.server.set("/a.bin", Resource(body: body))
+            let mine = Array("my own notes\n".utf8)
+            f.dir.write("notes.txt", mine)
+            let target = Destination.file(f.dir.file("notes.txt"))
+            do throws(PickupError) {
+                _ = try await f.get("/a.bin", to: target)
+                Issue.record("the download went ahead")
+            } catch {
+                guard case .targetExists(let path) = error else { throw error }
+                #expect(path == f.dir.file("notes.txt").string)
+                #expect(error.category == .fileSystem)
+            }
+            #expect(f.dir.read("notes.txt") == mine)
+            #expect(f.dir.entries == ["notes.txt"])
+            #expect(f.server.requests("/a.bin").isEmpty, "nothing is fetched")
+
+            // A symlink there is refused the same way, and not followed.
+            let victim = TempDir()
+            victim.write("v", mine)
+            try FileManager.default.createSymbolicLink(atPath: f.dir.file("link.bin").string, withDestinationPath: victim.file("v").string)
+            await #expect(throws: PickupError.self) { try await f.get("/a.bin", to: .file(f.dir.file("link.bin"))) }
+            #expect(victim.read("v") == mine)
+            #expect(f.dir.entries == ["link.bin", "notes.txt"])
+
+            let over = try await f.get("/a.bin", to: target, overwrite: true)
+            #expect(over.outcome == .downloaded)
+            #expect(f.dir.read("notes.txt") == body)
+            // Pickup's own file now: the same request again asks the server and fetches nothing.
+            let again = try await f.get("/a.bin", to: target)
+            #expect(again.outcome == .unchanged)
+            #expect(f.server.requests("/a.bin").last?.status == 304)
+            // A changed version goes beside it, as before.
+            let v2 = Resource.bytes(count: 1000, seed: 34)
+            f.server.set("/a.bin", Resource(body: v2, etag: "\"v2\""))
+            let changed = try await f.get("/a.bin", to: target)
+            #expect(changed.path == f.dir.file("notes (1).txt"))
+            #expect(f.dir.read("notes.txt") == body)
+            #expect(f.dir.read("notes (1).txt") == v2)
         }
-        #expect(f.dir.read("notes.txt") == mine)
-        #expect(f.dir.entries == ["notes.txt"])
-        #expect(f.server.requests("/a.bin").isEmpty, "nothing is fetched")
-
-        // A symlink there is refused the same way, and not followed.
-        let victim = TempDir()
-        victim.write("v", mine)
-        try FileManager.default.createSymbolicLink(atPath: f.dir.file("link.bin").string, withDestinationPath: victim.file("v").string)
-        await #expect(throws: PickupError.self) { try await f.get("/a.bin", to: .file(f.dir.file("link.bin"))) }
-        #expect(victim.read("v") == mine)
-        #expect(f.dir.entries == ["link.bin", "notes.txt"])
-
-        let over = try await f.get("/a.bin", to: target, overwrite: true)
-        #expect(over.outcome == .downloaded)
-        #expect(f.dir.read("notes.txt") == body)
-        // Pickup's own file now: the same request again asks the server and fetches nothing.
-        let again = try await f.get("/a.bin", to: target)
-        #expect(again.outcome == .unchanged)
-        #expect(f.server.requests("/a.bin").last?.status == 304)
-        // A changed version goes beside it, as before.
-        let v2 = Resource.bytes(count: 1000, seed: 34)
-        f.server.set("/a.bin", Resource(body: v2, etag: "\"v2\""))
-        let changed = try await f.get("/a.bin", to: target)
-        #expect(changed.path == f.dir.file("notes (1).txt"))
-        #expect(f.dir.read("notes.txt") == body)
-        #expect(f.dir.read("notes (1).txt") == v2)
     }
 
     /// A directory destination keeps naming around a foreign file (`name (1).ext`).
     @Test func aDirectoryDestinationStillSavesBesideAForeignFile() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        f.server.set("/b.bin", Resource(body: Resource.bytes(count: 1000, seed: 35)))
-        f.dir.write("b.bin", [1, 2, 3])
-        let r = try await f.get("/b.bin")
-        #expect(r.path == f.dir.file("b (1).bin"))
-        #expect(f.dir.read("b.bin") == [1, 2, 3])
+        try await Fixture().run { f in
+            f.server.set("/b.bin", Resource(body: Resource.bytes(count: 1000, seed: 35)))
+            f.dir.write("b.bin", [1, 2, 3])
+            let r = try await f.get("/b.bin")
+            #expect(r.path == f.dir.file("b (1).bin"))
+            #expect(f.dir.read("b.bin") == [1, 2, 3])
+        }
     }
 
     /// `pickup get URL -o EXISTING`: one line, exit 6 (as the README says), the file untouched,

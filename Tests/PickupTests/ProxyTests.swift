@@ -135,55 +135,55 @@ struct DaemonProxyTests {
     @Test func theProxySettingAppliesSurvivesARestartAndHidesItsPassword() async throws {
         let proxy = try ProxyProcess(.tinyproxy)
         defer { proxy.stop() }
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        f.server.set("/a.bin", Resource(body: [1, 2, 3]))
-        f.server.set("/b.bin", Resource(body: [4, 5, 6]))
-        let withUser = proxy.url.replacingOccurrences(of: "http://", with: "http://me:pw@")
-        let set = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(withUser)))
-        #expect(set.proxy == proxy.url.replacingOccurrences(of: "http://", with: "http://***@"))
-        let a = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin")))
-        try await f.waitUntil { $0[a.id]?.state == "completed" }
-        #expect(proxy.connections(to: f.server.port) == 1, "\(proxy.log)")
-        let mode = try FileManager.default.attributesOfItem(atPath: f.state.file("settings.json").string)[.posixPermissions] as? Int
-        #expect(mode == 0o600)
-        #expect(try await f.api(.PATCH, "/settings", body: #"{"proxy":"ftp://x:1"}"#).status == 400)
-        await f.stop()
-        try await f.start()
-        #expect(try await f.client.settings().proxy?.contains("***") == true)
-        let b = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin")))
-        try await f.waitUntil { $0[b.id]?.state == "completed" }
-        #expect(proxy.connections(to: f.server.port) == 2, "the saved proxy applies after a restart")
-        // A download that carries a secret does not go through a proxy an API client chose.
-        f.server.set("/c.bin", Resource(body: [7, 8, 9]))
-        var secret = APIAddRequest(url: f.server.url("/c.bin"))
-        secret.headers = ["Authorization": "Bearer not-for-the-proxy"]
-        let c = try await f.client.add(secret)
-        try await f.waitUntil { $0[c.id]?.state == "completed" }
-        #expect(proxy.connections(to: f.server.port) == 2, "a secret went through the API's proxy")
-        #expect(f.server.requests("/c.bin").first?.headers["authorization"] == "Bearer not-for-the-proxy")
-        _ = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(nil)))
-        #expect(try await f.client.settings().proxy == nil)
+        try await DaemonFixture().run { f in
+            f.server.set("/a.bin", Resource(body: [1, 2, 3]))
+            f.server.set("/b.bin", Resource(body: [4, 5, 6]))
+            let withUser = proxy.url.replacingOccurrences(of: "http://", with: "http://me:pw@")
+            let set = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(withUser)))
+            #expect(set.proxy == proxy.url.replacingOccurrences(of: "http://", with: "http://***@"))
+            let a = try await f.client.add(APIAddRequest(url: f.server.url("/a.bin")))
+            try await f.waitUntil { $0[a.id]?.state == "completed" }
+            #expect(proxy.connections(to: f.server.port) == 1, "\(proxy.log)")
+            let mode = try FileManager.default.attributesOfItem(atPath: f.state.file("settings.json").string)[.posixPermissions] as? Int
+            #expect(mode == 0o600)
+            #expect(try await f.api(.PATCH, "/settings", body: #"{"proxy":"ftp://x:1"}"#).status == 400)
+            await f.stop()
+            try await f.start()
+            #expect(try await f.client.settings().proxy?.contains("***") == true)
+            let b = try await f.client.add(APIAddRequest(url: f.server.url("/b.bin")))
+            try await f.waitUntil { $0[b.id]?.state == "completed" }
+            #expect(proxy.connections(to: f.server.port) == 2, "the saved proxy applies after a restart")
+            // A download that carries a secret does not go through a proxy an API client chose.
+            f.server.set("/c.bin", Resource(body: [7, 8, 9]))
+            var secret = APIAddRequest(url: f.server.url("/c.bin"))
+            secret.headers = ["Authorization": "Bearer not-for-the-proxy"]
+            let c = try await f.client.add(secret)
+            try await f.waitUntil { $0[c.id]?.state == "completed" }
+            #expect(proxy.connections(to: f.server.port) == 2, "a secret went through the API's proxy")
+            #expect(f.server.requests("/c.bin").first?.headers["authorization"] == "Bearer not-for-the-proxy")
+            _ = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(nil)))
+            #expect(try await f.client.settings().proxy == nil)
+        }
     }
 
     @Test func absoluteFormByDefaultAndTheTunnelSetting() async throws {
         let proxy = try ProxyProcess(.tinyproxy)
         defer { proxy.stop() }
-        let f = try await DaemonFixture()
-        defer { Task { await f.close() } }
-        f.server.set("/t1.bin", Resource(body: [1, 2, 3]))
-        f.server.set("/t2.bin", Resource(body: [4, 5, 6]))
-        _ = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(proxy.url)))
-        let a = try await f.client.add(APIAddRequest(url: f.server.url("/t1.bin")))
-        try await f.waitUntil { $0[a.id]?.state == "completed" }
-        #expect(proxy.absoluteFormRequests(to: f.server.port) == 1, "\(proxy.log)")
-        // proxyTunnel: http through CONNECT too, saved with the settings.
-        let set = try await f.client.update(APISettingsPatch(proxyTunnel: Optional<Bool?>.some(true)))
-        #expect(set.proxyTunnel == true)
-        let b = try await f.client.add(APIAddRequest(url: f.server.url("/t2.bin")))
-        try await f.waitUntil { $0[b.id]?.state == "completed" }
-        #expect(proxy.log.contains("CONNECT 127.0.0.1:\(f.server.port)"), "\(proxy.log)")
-        #expect(proxy.absoluteFormRequests(to: f.server.port) == 1)
-        #expect(try await f.api(.PATCH, "/settings", body: #"{"proxyTunnel":"yes"}"#).status == 400)
+        try await DaemonFixture().run { f in
+            f.server.set("/t1.bin", Resource(body: [1, 2, 3]))
+            f.server.set("/t2.bin", Resource(body: [4, 5, 6]))
+            _ = try await f.client.update(APISettingsPatch(proxy: Optional<String?>.some(proxy.url)))
+            let a = try await f.client.add(APIAddRequest(url: f.server.url("/t1.bin")))
+            try await f.waitUntil { $0[a.id]?.state == "completed" }
+            #expect(proxy.absoluteFormRequests(to: f.server.port) == 1, "\(proxy.log)")
+            // proxyTunnel: http through CONNECT too, saved with the settings.
+            let set = try await f.client.update(APISettingsPatch(proxyTunnel: Optional<Bool?>.some(true)))
+            #expect(set.proxyTunnel == true)
+            let b = try await f.client.add(APIAddRequest(url: f.server.url("/t2.bin")))
+            try await f.waitUntil { $0[b.id]?.state == "completed" }
+            #expect(proxy.log.contains("CONNECT 127.0.0.1:\(f.server.port)"), "\(proxy.log)")
+            #expect(proxy.absoluteFormRequests(to: f.server.port) == 1)
+            #expect(try await f.api(.PATCH, "/settings", body: #"{"proxyTunnel":"yes"}"#).status == 400)
+        }
     }
 }

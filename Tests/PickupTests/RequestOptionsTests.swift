@@ -95,41 +95,41 @@ import TestServer
 
     /// A cookie set by a redirect goes with the requests after it (a login that redirects to the file).
     @Test func cookiesSetAlongARedirectChainAreSentOn() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        f.server.set("/file", Resource(body: [7, 8, 9]))
-        var r = Resource(body: [], headers: ["Set-Cookie": "ticket=abc; Path=/"])
-        r.redirect = (302, "/file")
-        f.server.set("/login", r)
-        _ = try await f.get("/login")
-        #expect(f.server.requests("/file").first?.headers["cookie"] == "ticket=abc")
-        #expect(f.dir.read("file") == [7, 8, 9])
+        try await Fixture().run { f in
+            f.server.set("/file", Resource(body: [7, 8, 9]))
+            var r = Resource(body: [], headers: ["Set-Cookie": "ticket=abc; Path=/"])
+            r.redirect = (302, "/file")
+            f.server.set("/login", r)
+            _ = try await f.get("/login")
+            #expect(f.server.requests("/file").first?.headers["cookie"] == "ticket=abc")
+            #expect(f.dir.read("file") == [7, 8, 9])
+        }
     }
 
     /// Redirected to another origin, the user's Authorization and Cookie stay behind.
     @Test func aRedirectElsewhereDropsTheSecrets() async throws {
-        let f = try await Fixture()
-        defer { Task { await f.close() } }
-        let other = try await TestServer.start()
-        defer { Task { await other.stop() } }
-        other.set("/file", Resource(body: [1, 2, 3]))
-        var r = Resource(body: [])
-        r.redirect = (302, other.url("/file"))
-        f.server.set("/start", r)
-        let options = RequestOptions(headers: [try RequestHeader(line: "Authorization: Bearer secret"), try RequestHeader(line: "X-Plain: 1")],
-                                     cookies: [Cookie(name: "s", value: "ok", domain: "127.0.0.1", hostOnly: true)]
-                                        + Cookie.parseHeader("b=bound", for: f.server.url("/start")))
-        _ = try await f.downloader.download(DownloadRequest(url: f.server.url("/start"), destination: .directory(f.dir.path), options: options))
-        let first = try #require(f.server.requests("/start").first)
-        #expect(first.headers["authorization"] == "Bearer secret")
-        #expect(first.headers["cookie"] == "s=ok; b=bound")
-        let second = try #require(other.requests("/file").first)
-        #expect(second.headers["authorization"] == nil)
-        #expect(second.headers["x-plain"] == "1")
-        // 127.0.0.1 on another port is another origin for the header and for the cookie given for
-        // the URL (`-b`, curl's CVE-2022-27776); a jar's host-only cookie is the host's (RFC 6265: no port).
-        #expect(second.headers["cookie"] == "s=ok")
-        #expect(f.dir.read("file") == [1, 2, 3])
+        try await Fixture().run { f in
+            let other = try await TestServer.start()
+            defer { Task { await other.stop() } }
+            other.set("/file", Resource(body: [1, 2, 3]))
+            var r = Resource(body: [])
+            r.redirect = (302, other.url("/file"))
+            f.server.set("/start", r)
+            let options = RequestOptions(headers: [try RequestHeader(line: "Authorization: Bearer secret"), try RequestHeader(line: "X-Plain: 1")],
+                                         cookies: [Cookie(name: "s", value: "ok", domain: "127.0.0.1", hostOnly: true)]
+                                            + Cookie.parseHeader("b=bound", for: f.server.url("/start")))
+            _ = try await f.downloader.download(DownloadRequest(url: f.server.url("/start"), destination: .directory(f.dir.path), options: options))
+            let first = try #require(f.server.requests("/start").first)
+            #expect(first.headers["authorization"] == "Bearer secret")
+            #expect(first.headers["cookie"] == "s=ok; b=bound")
+            let second = try #require(other.requests("/file").first)
+            #expect(second.headers["authorization"] == nil)
+            #expect(second.headers["x-plain"] == "1")
+            // 127.0.0.1 on another port is another origin for the header and for the cookie given for
+            // the URL (`-b`, curl's CVE-2022-27776); a jar's host-only cookie is the host's (RFC 6265: no port).
+            #expect(second.headers["cookie"] == "s=ok")
+            #expect(f.dir.read("file") == [1, 2, 3])
+        }
     }
 }
 

@@ -76,8 +76,30 @@ func testDownloader(state: FilePath, stall: Double = 0.5, retries: Int = 6, conn
                transport: testTransport(stall: stall))
 }
 
+/// What a test sets up and tears down: used through ``run(_:)``, so the tear-down happens
+/// however the test ends (a failed `#require`, a thrown error), and nothing a test started goes
+/// on after it.
+protocol TestFixture: AnyObject, Sendable {
+    func close() async
+}
+
+extension TestFixture {
+    /// Runs `body` with this fixture (on the caller's actor), then closes it, also when `body` throws.
+    func run<T>(isolation: isolated (any Actor)? = #isolation, _ body: (Self) async throws -> T) async throws -> T {
+        let result: T
+        do {
+            result = try await body(self)
+        } catch {
+            await close()
+            throw error
+        }
+        await close()
+        return result
+    }
+}
+
 /// One test's world: a server, a download directory, a state directory and a downloader.
-final class Fixture: @unchecked Sendable {
+final class Fixture: TestFixture, @unchecked Sendable {
     let server: TestServer
     let dir = TempDir()
     let state = TempDir()
