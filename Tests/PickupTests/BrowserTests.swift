@@ -160,11 +160,7 @@ final class Browser: @unchecked Sendable {
 
     /// Polls (bounded) until `condition` holds.
     func waitFor(_ what: String, seconds: Double = 60, _ condition: () async throws -> Bool) async throws {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if try await condition() { return }
-            try await Task.sleep(for: .milliseconds(50))
-        }
+        if try await CLI.eventually(seconds: seconds, every: 0.05, condition) { return }
         Issue.record("gave up waiting for \(what)")
         throw CancellationError()
     }

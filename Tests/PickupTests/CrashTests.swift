@@ -42,21 +42,35 @@ enum CLI {
         return env
     }
 
-    static func start(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> Process {
+    /// Starts `pickup` with `args`: every `pickup` a test runs starts here. Its working directory
+    /// is ``workingDirectory``, its environment ``environmentFor(state:_:)``, and it is killed
+    /// after ``maxRunSeconds``. Standard input and output are /dev/null unless given (a
+    /// `FileHandle` or a `Pipe`); standard error too, or the file `PICKUP_DEBUG_STDERR` names.
+    /// `through` turns the command line (the binary, then `args`) into the one run, for a program
+    /// that runs `pickup` (`prlimit`, `script`).
+    static func start(_ args: [String], state: FilePath, environment: [String: String] = [:], input: Any? = nil,
+                      output: Any? = nil, errors: Any? = nil, through: ([String]) -> [String] = { $0 }) throws -> Process {
+        let command = through([binary] + args)
         let p = Process()
-        p.executableURL = URL(fileURLWithPath: binary)
+        p.executableURL = URL(fileURLWithPath: command[0])
         p.currentDirectoryURL = workingDirectory
-        p.arguments = args
+        p.arguments = Array(command.dropFirst())
         p.environment = environmentFor(state: state, environment)
-        p.standardOutput = FileHandle.nullDevice
+        p.standardInput = input ?? FileHandle.nullDevice
+        p.standardOutput = output ?? FileHandle.nullDevice
         // `PICKUP_DEBUG_STDERR=FILE` (an existing file) collects every started process's messages
         // (appended: processes that run at once do not write over each other's lines).
         let debug = ProcessInfo.processInfo.environment["PICKUP_DEBUG_STDERR"]
             .map { open($0, O_WRONLY | O_APPEND | O_CLOEXEC) }.flatMap { $0 >= 0 ? FileHandle(fileDescriptor: $0, closeOnDealloc: true) : nil }
-        p.standardError = debug ?? FileHandle.nullDevice
+        p.standardError = errors ?? debug ?? FileHandle.nullDevice
         try p.runWithSignalsUnblocked()
         bound(p)
         return p
+    }
+
+    /// `words` as one word of a POSIX shell's command line each.
+    static func shellQuoted(_ words: [String]) -> String {
+        words.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
     }
 
     /// The longest a `pickup` a test starts may run: then it is killed, so that no wait on it is
@@ -76,7 +90,8 @@ enum CLI {
         return p.terminationStatus
     }
 
-    /// Waits (bounded) until `condition` holds, polling; returns whether it did.
+    /// Waits (bounded) until `condition` holds, polling; returns whether it did. For a Dispatch
+    /// thread (``offPool(_:)``), where blocking is allowed; async code uses ``eventually(seconds:every:_:)``.
     static func waitFor(seconds: Double = 60, _ condition: () -> Bool) -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
@@ -102,16 +117,17 @@ enum CLI {
         }
     }
 
-    /// Waits (bounded) until `condition` holds, polling, without holding a thread of Swift's
-    /// cooperative pool (two here: a test that blocks one starves every in-process daemon and
-    /// manager of the suite).
-    static func eventually(seconds: Double = 60, _ condition: () -> Bool) async -> Bool {
+    /// Waits (bounded) until `condition` holds, polling every `every` seconds, without holding a
+    /// thread of Swift's cooperative pool (two here: a test that blocks one starves every
+    /// in-process daemon and manager of the suite); returns whether it did. The one poll of the
+    /// tests in async code (``waitFor(seconds:_:)`` is its twin for Dispatch threads).
+    static func eventually(seconds: Double = 60, every: Double = 0.01, _ condition: () async throws -> Bool) async rethrows -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
-            if condition() { return true }
-            try? await Task.sleep(nanoseconds: 10_000_000)
+            if try await condition() { return true }
+            try? await Task.sleep(nanoseconds: UInt64(every * 1e9))
         }
-        return condition()
+        return try await condition()
     }
 
     /// Runs a Python script to its end (bounded), off Swift's cooperative pool; its exit status

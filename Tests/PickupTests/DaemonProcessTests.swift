@@ -17,14 +17,16 @@ struct ServeProcess {
         let stale = files.readAddress()
         let p = try CLI.start(["serve", "--listen", "127.0.0.1:0", "-d", root.path.string, "--state", state.path.string,
                                "-x", "1", "--stall-timeout", "1"] + extra, state: state.path)
-        let deadline = Date().addingTimeInterval(60)
-        while Date() < deadline, p.isRunning {
+        var answered: DaemonClient?
+        _ = await CLI.eventually(every: 0.02) {
+            guard p.isRunning else { return true }
             if let url = files.readAddress(), url != stale, let token = files.readToken() {
                 let client = DaemonClient(baseURL: url, token: token)
-                if (try? await client.settings()) != nil { return ServeProcess(process: p, client: client) }
+                if (try? await client.settings()) != nil { answered = client }
             }
-            try await Task.sleep(for: .milliseconds(20))
+            return answered != nil
         }
+        if let answered { return ServeProcess(process: p, client: answered) }
         kill(p.processIdentifier, SIGKILL)
         throw CocoaError(.fileReadUnknown, userInfo: [NSLocalizedDescriptionKey: "pickup serve did not start"])
     }
@@ -32,13 +34,11 @@ struct ServeProcess {
     /// Polls the daemon until `condition` holds for its list of downloads.
     @discardableResult
     func waitUntil(_ condition: ([APIDownload]) -> Bool) async throws -> [APIDownload] {
-        let deadline = Date().addingTimeInterval(60)
         var last: [APIDownload] = []
-        while Date() < deadline {
+        if try await CLI.eventually(every: 0.02, {
             last = try await client.list()
-            if condition(last) { return last }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+            return condition(last)
+        }) { return last }
         Issue.record("gave up waiting: \(last.map { "\($0.id) \($0.state) \($0.bytesDone)" })")
         return last
     }
@@ -177,13 +177,7 @@ struct ServeProcess {
         // `pickup watch` on a pipe: a line per change, from the snapshot on.
         let watchLog = state.file("watch.log")
         _ = FileManager.default.createFile(atPath: watchLog.string, contents: nil)
-        let watch = Process()
-        watch.executableURL = URL(fileURLWithPath: CLI.binary)
-        watch.currentDirectoryURL = CLI.workingDirectory
-        watch.arguments = ["watch"] + s
-        watch.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: watchLog.string))
-        watch.standardError = FileHandle.nullDevice
-        try watch.runWithSignalsUnblocked()
+        let watch = try CLI.start(["watch"] + s, state: state.path, output: FileHandle(forWritingTo: URL(fileURLWithPath: watchLog.string)))
         defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
         let watched = { String(decoding: FileManager.default.contents(atPath: watchLog.string) ?? Data(), as: UTF8.self) }
         let added = try CLI.output(["add", server.url("/c.bin"), "-o", "c.bin"] + s)
@@ -217,19 +211,12 @@ struct ServeProcess {
 }
 
 extension CLI {
-    /// Runs `pickup` and returns its exit status and standard output.
+    /// Runs `pickup` with a state directory of its own and returns its exit status and standard output.
     static func output(_ args: [String]) throws -> (status: Int32, text: String) {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: binary)
-        p.currentDirectoryURL = workingDirectory
-        p.arguments = args
-        let pipe = Pipe()
-        p.standardOutput = pipe
-        p.standardError = FileHandle.nullDevice
-        try p.runWithSignalsUnblocked()
-        let data = pipe.fileHandleForReading.readDataToEndOfFile()
-        p.waitUntilExit()
-        return (p.terminationStatus, String(decoding: data, as: UTF8.self))
+        let state = TempDir()
+        let r = try capture(args, state: state.path)
+        withExtendedLifetime(state) {}
+        return (r.status, r.out)
     }
 }
 
@@ -240,14 +227,8 @@ struct DescriptorLimitTests {
     @Test func aFloodOfConnectionsPastTheDescriptorLimitIsClosedNotSpunOn() async throws {
         let root = TempDir(), state = TempDir()
         let files = DaemonFiles(directory: state.path)
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/bin/prlimit")
-        p.currentDirectoryURL = CLI.workingDirectory
-        p.arguments = ["--nofile=128:128", CLI.binary, "serve", "--listen", "127.0.0.1:0", "-d", root.path.string,
-                       "--state", state.path.string]
-        p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle.nullDevice
-        try p.runWithSignalsUnblocked()
+        let p = try CLI.start(["serve", "--listen", "127.0.0.1:0", "-d", root.path.string, "--state", state.path.string],
+                              state: state.path, through: { ["/usr/bin/prlimit", "--nofile=128:128"] + $0 })
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
         #expect(await CLI.eventually { files.readAddress() != nil || !p.isRunning })
         let port = try #require(files.readAddress().flatMap { URL(string: $0)?.port })

@@ -146,18 +146,13 @@ import TestServer
         slow.bytesPerSecond = 400_000
         server.set("/a-rather-long-file-name-for-a-narrow-terminal.iso", slow)
         let dir = TempDir(), state = TempDir()
-        let command = "stty cols 40 rows 20; exec '\(CLI.binary)' get '\(server.url("/a-rather-long-file-name-for-a-narrow-terminal.iso"))' "
-            + "-d '\(dir.path.string)' -x 1"
+        let args = ["get", server.url("/a-rather-long-file-name-for-a-narrow-terminal.iso"), "-d", dir.path.string, "-x", "1"]
         let r = try await CLI.offPool { () throws -> (Int32, String) in
-            let p = Process()
-            p.executableURL = URL(fileURLWithPath: "/usr/bin/script")
-            p.arguments = ["-q", "-e", "-c", command, "/dev/null"]
-            p.environment = CLI.environmentFor(state: state.path)
             let out = Pipe()
-            p.standardOutput = out
-            p.standardInput = FileHandle.nullDevice
-            try p.runWithSignalsUnblocked()
-            CLI.bound(p)
+            // On a terminal (`script`'s) of 40 columns.
+            let p = try CLI.start(args, state: state.path, output: out, through: { command in
+                ["/usr/bin/script", "-q", "-e", "-c", "stty cols 40 rows 20; exec " + CLI.shellQuoted(command), "/dev/null"]
+            })
             let data = out.fileHandleForReading.readDataToEndOfFile()
             p.waitUntilExit()
             return (p.terminationStatus, String(decoding: data, as: UTF8.self))

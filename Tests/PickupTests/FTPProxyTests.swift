@@ -302,9 +302,9 @@ struct FTPProxyTests {
             let added = try await f.client.add(APIAddRequest(url: ftp.url("/x.bin").replacingOccurrences(of: "ftp://", with: "ftp://\(token):pw@")))
             var seen = added
             // Polled, bounded: a refused login fails at once (pyftpdlib waits a few seconds before saying so).
-            for _ in 0..<600 where seen.state != "failed" {
-                try await Task.sleep(for: .milliseconds(100))
+            _ = try await CLI.eventually(every: 0.1) {
                 seen = try await f.client.download(added.id)
+                return seen.state == "failed"
             }
             #expect(seen.state == "failed", "\(seen)")
             let message = seen.error?.message ?? ""

@@ -114,17 +114,9 @@ func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) t
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
         server.set("/p.bin", Resource(body: Resource.bytes(count: 48 << 20, seed: 37)))
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: CLI.binary)
-        p.currentDirectoryURL = CLI.workingDirectory
-        p.arguments = ["get", server.url("/p.bin"), "-o", "-", "-q"]
         let state = TempDir()
-        p.environment = CLI.environmentFor(state: state.path)
         let unread = Pipe()
-        p.standardOutput = unread
-        p.standardError = FileHandle.nullDevice
-        try p.runWithSignalsUnblocked()
-        CLI.bound(p)
+        let p = try CLI.start(["get", server.url("/p.bin"), "-o", "-", "-q"], state: state.path, output: unread)
         defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) } }
         // More than the pipe and the stream's buffer hold: the reads have had to wait.
         #expect(CLI.waitFor { server.bytesSent("/p.bin") > 12 << 20 })

@@ -123,13 +123,8 @@ extension DownloadManager {
 
             // Once the transfers being stopped have ended, the free slots fill.
             let active = model.values.filter { !$0.paused }.count
-            let deadline = Date().addingTimeInterval(30)
-            while await m.picture().lists[.running]?.count != min(limit, active) {
-                guard Date() < deadline else {
-                    Issue.record("\(await m.picture().lists[.running]?.count ?? 0) running, not \(min(limit, active)) (seed \(seed))")
-                    break
-                }
-                try await Task.sleep(for: .milliseconds(20))
+            if !(await CLI.eventually(seconds: 30, every: 0.02) { await m.picture().lists[.running]?.count == min(limit, active) }) {
+                Issue.record("\(await m.picture().lists[.running]?.count ?? 0) running, not \(min(limit, active)) (seed \(seed))")
             }
             let found = await problems()
             #expect(found.isEmpty, "at the end of seed \(seed): \(found.joined(separator: "; "))")

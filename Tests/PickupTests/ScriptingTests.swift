@@ -18,20 +18,12 @@ extension CLI {
     static func captureBytes(_ args: [String], state: FilePath, environment: [String: String] = [:], input: [UInt8]? = nil)
         throws -> (status: Int32, out: Data, err: String)
     {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: binary)
-        p.currentDirectoryURL = workingDirectory
-        p.arguments = args
-        p.environment = environmentFor(state: state, environment)
         let out = Pipe(), err = Pipe()
-        p.standardOutput = out
-        p.standardError = err
         // Standard input from a file: no pipe to fill before the child reads it.
         let inputDir = TempDir()
         if let input { inputDir.write("stdin", input) }
-        p.standardInput = input == nil ? FileHandle.nullDevice : FileHandle(forReadingAtPath: inputDir.file("stdin").string)
-        try p.runWithSignalsUnblocked()
-        bound(p)
+        let p = try start(args, state: state, environment: environment,
+                          input: input == nil ? nil : FileHandle(forReadingAtPath: inputDir.file("stdin").string), output: out, errors: err)
         // Read both to the end before waiting (a full pipe would block the child).
         let errData = NSLockedData()
         let reader = Thread { errData.set(err.fileHandleForReading.readDataToEndOfFile()) }
