@@ -226,14 +226,17 @@ final class FTPTransport: Sendable {
         let mdtm = reply.code == 213 ? FTPText.mdtm(reply) : nil
         let etag = mdtm.map { "\"ftp-\($0)-\(size ?? -1)\"" }
 
-        // Answer as an HTTP server with this file would.
-        var headers: [(String, String)] = []
-        if let etag { headers.append(("ETag", etag)) }
+        // Answer as an HTTP server with this file would: a head, decided by the sink on
+        // BlockingIO's head threads (its decision may touch the file system).
+        func answer(_ status: Int, _ fields: [(String, String)]) async throws {
+            let head = ResponseHead(status: status, headers: fields)
+            try await BlockingIO.head { try sink.receiveHead(head) }
+        }
+        let headers: [(String, String)] = etag.map { [("ETag", $0)] } ?? []
         // Ranges need the length; a validator that does not match means the whole file.
         let ranged = range != nil && size != nil && (ifRange == nil || ifRange == etag)
         if ranged, let size, let range, range.first >= size {
-            let head = ResponseHead(status: 416, headers: headers + [("Content-Range", "bytes */\(size)")])
-            try await BlockingIO.head { try sink.receiveHead(head) }
+            try await answer(416, headers + [("Content-Range", "bytes */\(size)")])
             return
         }
         var start = ranged ? range?.first ?? 0 : 0
@@ -252,14 +255,10 @@ final class FTPTransport: Sendable {
         if ranged, let size, let range, start == range.first {
             let lastByte = min(range.last ?? (size - 1), size - 1)
             end = lastByte + 1
-            headers += [("Content-Range", "bytes \(start)-\(lastByte)/\(size)"), ("Content-Length", "\(lastByte + 1 - start)")]
-            let head = ResponseHead(status: 206, headers: headers)
-            try await BlockingIO.head { try sink.receiveHead(head) }
+            try await answer(206, headers + [("Content-Range", "bytes \(start)-\(lastByte)/\(size)"), ("Content-Length", "\(lastByte + 1 - start)")])
         } else {
             end = size
-            if let size { headers.append(("Content-Length", "\(size)")) }
-            let head = ResponseHead(status: 200, headers: headers)
-            try await BlockingIO.head { try sink.receiveHead(head) }
+            try await answer(200, headers + (size.map { [("Content-Length", "\($0)")] } ?? []))
         }
         let data = try await FTPData.connect(reach, direct: control.peer, port: dataPort, on: control.channel.eventLoop,
                                              timeout: connectTimeout, budget: budget,
