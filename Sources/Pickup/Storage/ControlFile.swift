@@ -152,7 +152,7 @@ public enum ControlFile {
     static func replace(_ bytes: [UInt8], as name: String, in directory: DirectoryHandle, durable: Bool = true,
                         barrier: Bool = false) throws(PickupError) {
         do { try TestFaults.check(.store) } catch { throw .fileSystem(directory.pathOf(name).string, error) }
-        try directory.replaceFile(name, with: bytes, durable: durable, barrier: barrier)
+        try directory.replaceFile(name, with: bytes, durable: durable, barrier: barrier, excludedFromBackup: true)
     }
 
     /// The disk is full: rewrite the existing file within its own blocks, if it is large enough.

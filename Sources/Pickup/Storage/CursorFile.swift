@@ -100,6 +100,7 @@ final class CursorFile: @unchecked Sendable {
             directory.remove(name)
             return nil
         }
+        BackupExclusion.mark(fd, excluded: true)
         guard let p = pickup_map_guarded(fd.rawValue, byteCount) else { return nil }
         return CursorFile(base: p)
     }

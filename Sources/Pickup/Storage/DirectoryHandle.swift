@@ -196,12 +196,15 @@ public final class DirectoryHandle: Sendable {
     /// name is removed first and the file is created exclusively, mode 0600), fsync, rename over
     /// `name`, fsync of the directory (without the fsyncs unless `durable`). Blocking calls.
     /// `barrier`: the fsyncs order rather than flush (see ``FS/fsync(_:barrier:)``).
-    package func replaceFile(_ name: String, with bytes: [UInt8], durable: Bool = true, barrier: Bool = false) throws(PickupError) {
+    /// `excludedFromBackup`: the new file is marked as one backups skip (``BackupExclusion``).
+    package func replaceFile(_ name: String, with bytes: [UInt8], durable: Bool = true, barrier: Bool = false,
+                             excludedFromBackup: Bool = false) throws(PickupError) {
         let tmp = name + ".tmp"
         remove(tmp)
         let fd = try openFile(tmp, write: true, create: true, exclusive: true, mode: 0o600)
         do {
             defer { try? fd.close() }
+            if excludedFromBackup { BackupExclusion.mark(fd, excluded: true) }
             _ = try fd.writeAll(bytes)
             if durable { try FS.fsync(fd, barrier: barrier) }
         } catch {

@@ -6,7 +6,6 @@ import SystemPackage
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
-import Foundation  // (URLResourceValues: a partial file's exclusion from backups)
 #endif
 
 /// The file that holds a download's bytes while it is unfinished: positional writes from any
@@ -39,23 +38,10 @@ public final class PartialFile: Sendable {
         }
     }
 
-    /// Marks the file as one that backups skip (`isExcludedFromBackup`), or not: a partial file
-    /// is (an app's Documents are backed up to iCloud, and half a film is no use there); the
-    /// finished file keeps whatever the app's folder gives it, so the mark goes before the
-    /// rename. On Apple platforms only, by the path the descriptor itself has (`F_GETPATH`, not
-    /// the name it was opened by); elsewhere nothing. Best effort: a file system without the
-    /// attribute leaves the file as it is.
+    /// Marks the file as one that backups skip, or not (``BackupExclusion``): a partial file is;
+    /// the mark is taken off before the finishing rename.
     func setExcludedFromBackup(_ excluded: Bool) {
-        #if canImport(Darwin)
-        var buffer = [CChar](repeating: 0, count: Int(MAXPATHLEN))
-        guard fcntl(fd.rawValue, F_GETPATH, &buffer) != -1,
-            let path = buffer.withUnsafeBufferPointer({ $0.baseAddress.map { String(cString: $0) } })
-        else { return }
-        var url = URL(fileURLWithPath: path)
-        var values = URLResourceValues()
-        values.isExcludedFromBackup = excluded
-        try? url.setResourceValues(values)
-        #endif
+        BackupExclusion.mark(fd, excluded: excluded)
     }
 
     /// Writes all of `bytes` at `offset`. This is the per-chunk path: no allocation.
