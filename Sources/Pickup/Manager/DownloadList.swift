@@ -4,7 +4,8 @@ import Observation
 
 /// A ``DownloadManager``'s downloads as an `@Observable` value on the main actor, for a UI to bind
 /// to (SwiftUI redraws what reads it when it changes): every download in the order they were added,
-/// with its state and progress, and the totals. It follows ``DownloadManager/events(backlog:)`` from
+/// with its state and progress, and the totals (``DownloadListState``; on iOS 16,
+/// ``DownloadListModel``). It follows ``DownloadManager/events(backlog:)`` from
 /// a snapshot, so it is right from the first frame after any restart, and keeps following until it
 /// is released or the manager shuts down.
 ///
@@ -18,13 +19,13 @@ import Observation
 @MainActor @Observable
 public final class DownloadList {
     /// Every download, in the order they were added.
-    public private(set) var downloads: [DownloadInfo] = []
+    public var downloads: [DownloadInfo] { state.downloads }
     /// Totals over all downloads (nil until the first snapshot).
-    public private(set) var totals: ManagerTotals?
+    public var totals: ManagerTotals? { state.totals }
     /// Whether the first snapshot has arrived.
-    public private(set) var isLoaded = false
+    public var isLoaded: Bool { state.isLoaded }
 
-    @ObservationIgnored private var index: [DownloadID: Int] = [:]
+    private var state = DownloadListState()
     @ObservationIgnored private let following = NIOLockedValueBox<Task<Void, Never>?>(nil)
 
     /// Follows `manager` from now on.
@@ -43,42 +44,12 @@ public final class DownloadList {
     }
 
     /// The download with this id, as last seen.
-    public subscript(id: DownloadID) -> DownloadInfo? {
-        index[id].map { downloads[$0] }
-    }
+    public subscript(id: DownloadID) -> DownloadInfo? { state[id] }
 
     func apply(_ event: ManagerEvent) {
-        switch event {
-        case .snapshot(let all, let t):
-            downloads = all.sorted { $0.id < $1.id }
-            reindex()
-            totals = t
-            isLoaded = true
-        case .added(let info):
-            if let i = index[info.id] {
-                downloads[i] = info
-            } else {
-                index[info.id] = downloads.count
-                downloads.append(info)
-            }
-        case .changed(let info):
-            if let i = index[info.id] { downloads[i] = info }
-        case .progress(let id, let p):
-            if let i = index[id] { downloads[i].progress = p }
-        case .totals(let t):
-            totals = t
-        case .removed(let id):
-            if let i = index[id] {
-                downloads.remove(at: i)
-                reindex()
-            }
-        case .notice:
-            break
-        }
-    }
-
-    private func reindex() {
-        index = Dictionary(uniqueKeysWithValues: downloads.enumerated().map { ($1.id, $0) })
+        // (A notice shows nothing: not a change for what reads the list.)
+        if case .notice = event { return }
+        state.apply(event)
     }
 }
 #endif
