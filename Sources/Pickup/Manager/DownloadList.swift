@@ -1,5 +1,4 @@
 #if canImport(Observation)
-import NIOConcurrencyHelpers
 import Observation
 
 /// A ``DownloadManager``'s downloads as an `@Observable` value on the main actor, for a UI to bind
@@ -26,21 +25,11 @@ public final class DownloadList {
     public var isLoaded: Bool { state.isLoaded }
 
     private var state = DownloadListState()
-    @ObservationIgnored private let following = NIOLockedValueBox<Task<Void, Never>?>(nil)
+    @ObservationIgnored private var follower: EventFollower?
 
     /// Follows `manager` from now on.
     public init(manager: DownloadManager) {
-        let task = Task { @MainActor [weak self] in
-            for await event in await manager.events() {
-                guard let self else { return }
-                self.apply(event)
-            }
-        }
-        following.withLockedValue { $0 = task }
-    }
-
-    deinit {
-        following.withLockedValue { $0?.cancel() }
+        follower = EventFollower(manager, self) { $0.apply($1) }
     }
 
     /// The download with this id, as last seen.

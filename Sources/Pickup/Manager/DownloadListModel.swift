@@ -1,6 +1,5 @@
 #if canImport(Combine)
 import Combine
-import NIOConcurrencyHelpers
 
 /// A ``DownloadManager``'s downloads as an `ObservableObject` on the main actor, for SwiftUI on
 /// iOS 16 (on iOS 17, ``DownloadList``): a row object per download, so that a progress tick
@@ -34,21 +33,11 @@ public final class DownloadListModel: ObservableObject {
     @Published public private(set) var isLoaded = false
 
     private var state = DownloadListState()
-    private let following = NIOLockedValueBox<Task<Void, Never>?>(nil)
+    private var follower: EventFollower?
 
     /// Follows `manager` from now on.
     public init(manager: DownloadManager) {
-        let task = Task { @MainActor [weak self] in
-            for await event in await manager.events() {
-                guard let self else { return }
-                self.apply(event)
-            }
-        }
-        following.withLockedValue { $0 = task }
-    }
-
-    deinit {
-        following.withLockedValue { $0?.cancel() }
+        follower = EventFollower(manager, self) { $0.apply($1) }
     }
 
     /// The download with this id, as last seen.
