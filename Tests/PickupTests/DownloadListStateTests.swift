@@ -1,4 +1,5 @@
 import Foundation
+import Observation
 import SystemPackage
 import Testing
 
@@ -82,6 +83,46 @@ import Testing
                 if list.downloads.map(\.id) != before.map(\.id) { #expect(change == .list, "\(where_)") }
                 if case .snapshot = event { #expect(list.isLoaded) }
             }
+        }
+    }
+}
+
+/// What a UI reading ``DownloadList``'s rows is told: a progress tick changes that download's row
+/// alone (not the list of rows, not another row); a download added or removed changes the list,
+/// and the rows of the others stay the same objects.
+@Suite struct DownloadListRowsTests {
+    /// Whether reading `read` observed a change made by `change`.
+    @MainActor func observes(_ read: @escaping @MainActor () -> Void, _ change: () -> Void) -> Bool {
+        let changed = LockedBox(false)
+        withObservationTracking { read() } onChange: { changed.value = true }
+        change()
+        return changed.value
+    }
+
+    @MainActor @Test func aTickChangesOneRowAndTheListKeepsItsRows() async throws {
+        try await ManagerFixture().run { f in
+            let m = try f.manager(autoStart: false)
+            let list = DownloadList(manager: m)
+            let info = (1...2).map { DownloadListStateTests.info($0, .waiting) }
+            list.apply(.snapshot(info.reversed(), ManagerTotals()))
+            #expect(list.rows.map(\.id.rawValue) == [1, 2])
+            let (one, two) = (list.rows[0], list.rows[1])
+            let tick = ManagerEvent.progress(two.id, DownloadProgress(bytesDone: 5, totalBytes: 1000, bytesPerSecond: 1))
+            let tickSeenByItsRow = observes({ _ = two.info }, { list.apply(tick) })
+            #expect(tickSeenByItsRow)
+            #expect(two.info.progress.bytesDone == 5)
+            let tickSeenByAnotherRow = observes({ _ = one.info }, { list.apply(tick) })
+            #expect(!tickSeenByAnotherRow)
+            let tickSeenByTheRows = observes({ _ = list.rows }, { list.apply(tick) })
+            #expect(!tickSeenByTheRows)
+            let tickSeenByDownloads = observes({ _ = list.downloads }, { list.apply(tick) })
+            #expect(tickSeenByDownloads, "downloads observes everything")
+            let addSeenByTheRows = observes({ _ = list.rows }, { list.apply(.added(DownloadListStateTests.info(3, .waiting))) })
+            #expect(addSeenByTheRows)
+            #expect(list.rows.count == 3 && list.rows[0] === one && list.rows[1] === two)
+            list.apply(.removed(one.id))
+            #expect(list.rows.map(\.id.rawValue) == [2, 3] && list.rows[0] === two)
+            await m.shutdown()
         }
     }
 }

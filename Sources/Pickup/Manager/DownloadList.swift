@@ -10,15 +10,36 @@ import Observation
 ///
 /// ```swift
 /// @State var list = DownloadList(manager: manager)
-/// List(list.downloads, id: \.id) { d in
-///     ProgressView(value: d.progress.fraction ?? 0) { Text(d.path?.lastComponent?.string ?? d.url) }
+/// List(list.rows) { row in RowView(row: row) }  // a view per row: a tick redraws that one
+///
+/// struct RowView: View {
+///     let row: DownloadList.Row
+///     var body: some View {
+///         ProgressView(value: row.info.progress.fraction ?? 0) { Text(row.info.path?.lastComponent?.string ?? row.info.url) }
+///     }
 /// }
 /// ```
 @available(macOS 14, iOS 17, tvOS 17, watchOS 10, *)
 @MainActor @Observable
 public final class DownloadList {
-    /// Every download, in the order they were added.
+    /// One download, as last seen: an `@Observable` object of its own, so that a view that reads
+    /// a row (not ``downloads``) is redrawn when that download changes, not at every tick of another.
+    @MainActor @Observable
+    public final class Row: Identifiable {
+        public nonisolated let id: DownloadID
+        public fileprivate(set) var info: DownloadInfo
+        init(_ info: DownloadInfo) {
+            id = info.id
+            self.info = info
+        }
+    }
+
+    /// Every download, in the order they were added. Reading it observes every change, progress
+    /// included; a list of many downloads reads ``rows``.
     public var downloads: [DownloadInfo] { state.downloads }
+    /// A row per download, in the order they were added: changed when downloads come or go; each
+    /// ``Row/info`` when its download changes.
+    public private(set) var rows: [Row] = []
     /// Totals over all downloads (nil until the first snapshot).
     public var totals: ManagerTotals? { state.totals }
     /// Whether the first snapshot has arrived.
@@ -38,7 +59,15 @@ public final class DownloadList {
     func apply(_ event: ManagerEvent) {
         // (A notice shows nothing: not a change for what reads the list.)
         if case .notice = event { return }
-        state.apply(event)
+        // (`state` itself is observed by what reads `downloads`, `totals` and `isLoaded`.)
+        switch state.apply(event) {
+        case .none, .totals:
+            break
+        case .row(let i):
+            rows[i].info = state.downloads[i]
+        case .list:
+            rows = state.matching(rows, id: \.id, info: \.info, make: Row.init) { $0.info = $1 }
+        }
     }
 }
 #endif

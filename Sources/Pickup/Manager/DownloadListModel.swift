@@ -52,13 +52,7 @@ public final class DownloadListModel: ObservableObject {
         case .totals:
             totals = state.totals
         case .list:
-            // The rows of downloads still listed are kept (a view holding one goes on updating).
-            let kept = Dictionary(rows.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
-            rows = state.downloads.map { info in
-                guard let row = kept[info.id] else { return Row(info) }
-                if row.info != info { row.info = info }
-                return row
-            }
+            rows = state.matching(rows, id: \.id, info: \.info, make: Row.init) { $0.info = $1 }
             totals = state.totals
             if !isLoaded, state.isLoaded { isLoaded = true }
         }
