@@ -66,7 +66,7 @@ public final class DownloadList {
         case .row(let i):
             rows[i].info = state.downloads[i]
         case .list:
-            rows = state.matching(rows, id: \.id, info: \.info, make: Row.init) { $0.info = $1 }
+            rows = state.matching(rows, info: \.info, make: Row.init) { $0.info = $1 }
         }
     }
 }

@@ -52,7 +52,7 @@ public final class DownloadListModel: ObservableObject {
         case .totals:
             totals = state.totals
         case .list:
-            rows = state.matching(rows, id: \.id, info: \.info, make: Row.init) { $0.info = $1 }
+            rows = state.matching(rows, info: \.info, make: Row.init) { $0.info = $1 }
             totals = state.totals
             if !isLoaded, state.isLoaded { isLoaded = true }
         }

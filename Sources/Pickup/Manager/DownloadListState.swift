@@ -73,9 +73,9 @@ public struct DownloadListState: Sendable {
     /// `rows` (a UI's objects, one per download) made to match ``downloads`` after a ``Change/list``:
     /// the row of a download still listed is kept (a view holding it goes on updating) and given
     /// its download by `update` when that changed; a new download gets `make`'s.
-    public func matching<Row: AnyObject>(_ rows: [Row], id: (Row) -> DownloadID, info: (Row) -> DownloadInfo,
-                                         make: (DownloadInfo) -> Row, update: (Row, DownloadInfo) -> Void) -> [Row] {
-        let kept = Dictionary(rows.map { (id($0), $0) }, uniquingKeysWith: { first, _ in first })
+    public func matching<Row: AnyObject>(_ rows: [Row], info: (Row) -> DownloadInfo, make: (DownloadInfo) -> Row,
+                                         update: (Row, DownloadInfo) -> Void) -> [Row] {
+        let kept = Dictionary(rows.map { (info($0).id, $0) }, uniquingKeysWith: { first, _ in first })
         return downloads.map { d in
             guard let row = kept[d.id] else { return make(d) }
             if info(row) != d { update(row, d) }
