@@ -427,7 +427,9 @@ final class DaemonFixture: TestFixture, @unchecked Sendable {
                 return (v[slow.id]?.bytesDone ?? 0) > 300_000
             }
             #expect(seen.value.isEmpty, "\(seen.value)")
-            #expect(try await f.client.download(own.id).limitedBy == "download")
+            // The API's own answer says so too. A poll: on loaded cores a starved process can fall
+            // below its limit for a moment, when nothing holds it.
+            #expect(try await CLI.eventually { try await f.client.download(own.id).limitedBy == "download" })
 
             // The global limit, far below its own: the global one holds it.
             _ = try await f.client.update(APISettingsPatch(speedLimit: .some(60_000)))

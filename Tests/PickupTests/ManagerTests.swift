@@ -16,28 +16,31 @@ final class ManagerFixture: TestFixture, @unchecked Sendable {
 
     init() async throws { server = try await TestServer.start() }
 
-    func configuration(limit: Int = 2, autoStart: Bool = true, order: QueueOrder = .fifo) -> DownloadManager.Configuration {
+    func configuration(limit: Int = 2, autoStart: Bool = true, order: QueueOrder = .fifo, stall: Double = 0.5) -> DownloadManager.Configuration {
         var c = DownloadManager.Configuration(stateDirectory: state.path)
         c.maxConcurrentDownloads = limit
         c.autoStart = autoStart
         c.order = order
         c.progressInterval = 0.02
         c.engine = testOptions(state: state.path)
-        c.transport = testTransport()
+        c.transport = testTransport(stall: stall)
         return c
     }
 
-    func manager(limit: Int = 2, autoStart: Bool = true, order: QueueOrder = .fifo) throws -> DownloadManager {
-        let m = try DownloadManager(configuration: configuration(limit: limit, autoStart: autoStart, order: order))
+    func manager(limit: Int = 2, autoStart: Bool = true, order: QueueOrder = .fifo, stall: Double = 0.5) throws -> DownloadManager {
+        let m = try DownloadManager(configuration: configuration(limit: limit, autoStart: autoStart, order: order, stall: stall))
         lock.withLock { managers.append(m) }
         return m
     }
 
     /// Serves `count` files `/f/0.bin`... of `size` bytes each (seeded by index), at `rate` bytes/s.
-    func serveFiles(_ count: Int, size: Int, rate: Int? = nil) -> [[UInt8]] {
+    /// With `stallAfter`, each file's first answer sends that many bytes and then nothing (with
+    /// ``manager(stall:)`` long, a download that cannot finish before the test acts on it,
+    /// however loaded the machine; a rate alone did not hold on two loaded cores).
+    func serveFiles(_ count: Int, size: Int, rate: Int? = nil, stallAfter: Int? = nil) -> [[UInt8]] {
         (0..<count).map { i in
             let body = Resource.bytes(count: size, seed: UInt64(i + 1))
-            server.set("/f/\(i).bin", Resource(body: body, bytesPerSecond: rate))
+            server.set("/f/\(i).bin", Resource(body: body, faults: stallAfter.map { [.stallAfter($0)] } ?? [], bytesPerSecond: rate))
             return body
         }
     }
@@ -154,9 +157,10 @@ extension DownloadManager {
 
     @Test func pauseAndResumeWhileRunningFetchNothingTwice() async throws {
         try await ManagerFixture().run { f in
-            // Slow enough that it cannot finish before the pause lands, even on a loaded machine.
-            let body = f.serveFiles(1, size: 3_000_000, rate: 400_000)[0]
-            let m = try f.manager()
+            // It cannot finish before the pause lands: its first answer stops a third of the way,
+            // paced, so what the server sent is what the client read (not a socket buffer's worth).
+            let body = f.serveFiles(1, size: 3_000_000, rate: 400_000, stallAfter: 1_000_000)[0]
+            let m = try f.manager(stall: 600)
             let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
             await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 300_000 }
             try await m.pause(id)
@@ -182,8 +186,8 @@ extension DownloadManager {
     @Test func cancelWhileRunningDeletesThePartialOrKeepsItWhenAsked() async throws {
         for keep in [false, true] {
             try await ManagerFixture().run { f in
-                _ = f.serveFiles(1, size: 3_000_000, rate: 400_000)
-                let m = try f.manager()
+                _ = f.serveFiles(1, size: 3_000_000, stallAfter: 1_000_000)
+                let m = try f.manager(stall: 600)
                 let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
                 await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 200_000 }
                 try await m.cancel(id, deletePartial: !keep)
@@ -204,11 +208,10 @@ extension DownloadManager {
     /// byte-exact (never running beside it, nor losing its bytes to that deletion).
     @Test func aDownloadRemovedWhileRunningAndAddedAgainStartsAfterTheOldOneEnds() async throws {
         try await ManagerFixture().run { f in
-            let bodies = f.serveFiles(1, size: 3_000_000, rate: 400_000)
-            let m = try f.manager()
+            let bodies = f.serveFiles(1, size: 3_000_000, stallAfter: 1_000_000)
+            let m = try f.manager(stall: 600)
             let old = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
             await m.waitUntil { ($0[old]?.progress.bytesDone ?? 0) > 200_000 }
-            f.server.update("/f/0.bin") { $0.bytesPerSecond = nil }
             try await m.remove(old, deleteFile: false, deletePartial: true)
             let again = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
             #expect(again != old)
@@ -222,9 +225,11 @@ extension DownloadManager {
 
     @Test func restartingTheManagerMidDownloadResumesItAndPausedOnesStayPaused() async throws {
         try await ManagerFixture().run { f in
-            // Slow enough that it cannot finish before the shutdown, even on a loaded machine.
-            let bodies = f.serveFiles(2, size: 3_000_000, rate: 400_000)
-            let first = try f.manager()
+            // The first answer sends a third of the file and then nothing: it cannot finish before
+            // the shutdown (with a rate limit instead, CI once saw the whole file arrive first).
+            // Paced, so what the server sent is what the client read (not a socket buffer's worth).
+            let bodies = f.serveFiles(2, size: 3_000_000, rate: 400_000, stallAfter: 1_000_000)
+            let first = try f.manager(stall: 600)
             let running = try await first.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
             let paused = try await first.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path), paused: true)
             await first.waitUntil { ($0[running]?.progress.bytesDone ?? 0) > 400_000 }
