@@ -21,8 +21,9 @@ import TestServer
     @Test(arguments: [false, true], [false, true])
     func managerRemoveKeepsThePartialFileUnlessAsked(deletePartial: Bool, paused: Bool) async throws {
         try await ManagerFixture().run { f in
-            let body = f.serveFiles(1, size: 3_000_000, rate: 400_000)[0]
-            let m = try f.manager()
+            // Its first answer stops a third of the way (paced): it cannot finish first.
+            let body = f.serveFiles(1, size: 3_000_000, rate: 400_000, stallAfter: 1_000_000)[0]
+            let m = try f.manager(stall: 600)
             let target = f.dir.file("0.bin")
             let id = try await m.add(f.server.url("/f/0.bin"), to: .file(target))
             await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 300_000 }
@@ -56,11 +57,12 @@ import TestServer
     /// `DELETE /downloads/{id}` keeps the partial file by default (adding the download again
     /// resumes it) and deletes it, with its helper files, with `deletePartial=true`.
     @Test func apiDeleteKeepsThePartialFileUnlessAsked() async throws {
-        try await DaemonFixture().run { f in
-            // (100 KB/s: 30 s a file, so that none finishes before it is paused, however loaded the machine.)
+        try await DaemonFixture { $0.transport = testTransport(stall: 600) }.run { f in
+            // Each first answer stops a third of the way (and the daemon waits on it): none can
+            // finish before it is paused. (A rate alone, 30 s a file, did not hold on loaded cores.)
             let body = Resource.bytes(count: 3_000_000, seed: 31)
-            f.server.set("/keep.bin", Resource(body: body, bytesPerSecond: 100_000))
-            f.server.set("/drop.bin", Resource(body: Resource.bytes(count: 3_000_000, seed: 32), bytesPerSecond: 100_000))
+            f.server.set("/keep.bin", Resource(body: body, faults: [.stallAfter(1_000_000)], bytesPerSecond: 100_000))
+            f.server.set("/drop.bin", Resource(body: Resource.bytes(count: 3_000_000, seed: 32), faults: [.stallAfter(1_000_000)], bytesPerSecond: 100_000))
             let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin"))
             let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin"))
             try await f.waitUntil { ($0[keep.id]?.bytesDone ?? 0) > 300_000 && ($0[drop.id]?.bytesDone ?? 0) > 300_000 }
@@ -91,9 +93,10 @@ import TestServer
     /// `pickup rm ID` keeps an unfinished download's partial file; `--delete-partial` deletes it
     /// with its helper files.
     @Test func pickupRmKeepsThePartialFileUnlessDeletePartial() async throws {
-        try await DaemonFixture().run { f in
+        try await DaemonFixture { $0.transport = testTransport(stall: 600) }.run { f in
+            // Each first answer stops a third of the way: none can finish before it is paused.
             for name in ["keep.bin", "drop.bin"] {
-                f.server.set("/" + name, Resource(body: Resource.bytes(count: 3_000_000, seed: 37), bytesPerSecond: 100_000))
+                f.server.set("/" + name, Resource(body: Resource.bytes(count: 3_000_000, seed: 37), faults: [.stallAfter(1_000_000)], bytesPerSecond: 100_000))
             }
             let keep = try await f.client.add(APIAddRequest(url: f.server.url("/keep.bin"), name: "keep.bin", paused: false))
             let drop = try await f.client.add(APIAddRequest(url: f.server.url("/drop.bin"), name: "drop.bin", paused: false))
