@@ -329,9 +329,10 @@ import TestServer
     }
 
     @Test func cancellationCheckpointsAndTheNextRunResumes() async throws {
-        try await Fixture().run { f in
-            // Paced slowly enough (6 s) that, on two loaded cores, the cancel comes before the end.
-            f.server.set("/slow.bin", Resource(body: body, bytesPerSecond: 512 * 1024))
+        try await Fixture(stall: 600).run { f in
+            // The first answer stops a third of the way (paced, and waited on): the cancel comes
+            // before the end however loaded the machine (a rate alone did not hold).
+            f.server.set("/slow.bin", Resource(body: body, faults: [.stallAfter(1_000_000)], bytesPerSecond: 512 * 1024))
             let task = await f.startInBackground("/slow.bin", after: 200_000)
             task.cancel()
             let result = await task.result

@@ -141,9 +141,10 @@ import TestServer
     }
 
     @Test func interruptedMultiConnectionDownloadResumesEveryRange() async throws {
-        try await Fixture(connections: 8).run { f in
-            // Slow enough that the download cannot finish before the cancel lands, even on a loaded machine.
-            f.server.set("/i.bin", Resource(body: body, bytesPerSecond: 128 * 1024))
+        try await Fixture(stall: 600, connections: 8).run { f in
+            // Each connection's first answer stops after 400 KB (paced, and waited on): the
+            // download cannot finish before the cancel lands, however loaded the machine.
+            f.server.set("/i.bin", Resource(body: body, faults: Array(repeating: .stallAfter(400_000), count: 8), bytesPerSecond: 128 * 1024))
             let task = await f.startInBackground("/i.bin", after: 2_000_000)
             task.cancel()
             _ = await task.result
