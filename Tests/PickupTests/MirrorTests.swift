@@ -273,11 +273,15 @@ import PickupDaemon
             let urls = ["/a", "/b"].map(f.server.url)
             let request = DownloadRequest(url: urls[0], destination: .file(f.dir.file("out.bin")), mirrors: [urls[1]])
             // Cancelled from the progress handler itself: a wait on the cooperative pool, busy with the
-            // rest of the suite, could see the moment only after the download had ended.
+            // rest of the suite, could see the moment only after the download had ended. Once more
+            // is held than /a has sent: some came from /b, whose answer was taken (under load, a
+            // cancel at a byte count alone came before it was).
             let running = LockedBox<Task<DownloadResult, any Error>?>(nil)
-            let task = Task { [downloader = f.downloader] in
+            let task = Task { [downloader = f.downloader, server = f.server] in
                 try await downloader.download(request) {
-                    if case .progress(let p) = $0, p.bytesDone > 1 << 20 { running.value?.cancel() }
+                    if case .progress(let p) = $0, p.bytesDone > 1 << 20, p.bytesDone > Int64(server.bytesSent("/a")) {
+                        running.value?.cancel()
+                    }
                 }
             }
             running.value = task

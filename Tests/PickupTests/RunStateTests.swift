@@ -41,15 +41,15 @@ import Testing
         let weak = Validators(etag: EntityTag("W/\"x\""), lastModified: nil, lastModifiedIsStrong: false)
         var s = RunState(record: FileDownload.emptyRecord(url: "u"), minSplit: 100)
         let first = s.partialResponse(segment: 0, at: 0, total: 1000, validators: strong, digest: nil, connections: 4)
-        #expect(first.described && first.running == 4 && first.decidedTotal == 1000 && first.end == 250)
+        #expect(first.described && first.running == 4 && first.decidedTotal == 1000 && s.scheduler?.segments[0].end == 250)
         #expect(s.record.segments.map { $0.end ?? -1 }.sorted() == [250, 500, 750, 1000])
         #expect(s.record.validators == strong && s.record.totalLength == 1000)
         let second = try #require(s.record.segments.firstIndex { $0.start == 500 })
         let later = s.partialResponse(segment: second, at: 500, total: 1000, validators: strong, digest: nil, connections: 4)
-        #expect(!later.described && later.running == nil && later.end == 750, "decided once per round")
+        #expect(!later.described && later.running == nil && s.scheduler?.segments[second].end == 750, "decided once per round")
         var w = RunState(record: FileDownload.emptyRecord(url: "u"), minSplit: 100)
         let alone = w.partialResponse(segment: 0, at: 0, total: 1000, validators: weak, digest: nil, connections: 4)
-        #expect(alone.running == 1 && alone.end == 1000 && w.record.segments.count == 1)
+        #expect(alone.running == 1 && w.scheduler?.segments[0].end == 1000 && w.record.segments.count == 1)
     }
 
     @Test func randomEventSequencesKeepTheRangesExactAndClaimOnlyDurableBytes() {

@@ -50,7 +50,7 @@ extension FileDownload {
                                                     source: source, connection: connection, digest: Self.serverDigest(head),
                                                     connections: state.connectionsAllowed(options.connections))
                 let first = decided.described
-                if let end = decided.end { cursor.end.store(min(cursor.end.load(ordering: .relaxed), end), ordering: .relaxed) }
+                publishEnds(also: cursor)
                 // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
                 if let total = decided.decidedTotal {
                     if options.preallocate { preallocate = (file, total) }

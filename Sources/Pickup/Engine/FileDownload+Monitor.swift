@@ -121,16 +121,16 @@ extension FileDownload {
             // Said once decided (above): a trial the tuner takes back (restore) is not news.
             lock.withLock {
                 let now = Clock.monotonic()
-                let shed = state.ranges { s -> (keeper: Int?, cut: [(segment: Int, end: Int64)]) in
+                let keeper = state.ranges { s -> Int? in
                     var rates: [Int: Double] = [:]
                     for (i, c) in cursors {
                         s.report(i, done: c.written)
                         rates[i] = c.rate(now: now)
                     }
-                    return s.shed(rates: rates)
+                    return s.shed(rates: rates).keeper
                 }
-                guard let shed, let keep = shed.keeper else { return }
-                for (i, end) in shed.cut { cursors[i]?.end.store(end, ordering: .relaxed) }
+                publishEnds()
+                guard let keep = keeper ?? nil else { return }
                 state.shed(keeping: keep)
             }
         case .restore?:

@@ -100,11 +100,11 @@ extension FileDownload {
         let connections = state.sources.sources[source].connections
         guard !connections.isEmpty else { return }
         let positions = cursors.map { ($0.key, $0.value.written) }
-        let cut = state.ranges { s -> [(segment: Int, end: Int64)] in
+        state.ranges { s in
             for (i, written) in positions { s.report(i, done: written) }
-            return s.cut(owners: connections)
-        } ?? []
-        for (i, end) in cut { cursors[i]?.end.store(end, ordering: .relaxed) }
+            _ = s.cut(owners: connections)
+        }
+        publishEnds()
     }
 
     /// Checks every piece against its hash (``DownloadRequest/pieces``) once every byte is held

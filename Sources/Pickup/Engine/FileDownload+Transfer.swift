@@ -199,8 +199,8 @@ extension FileDownload {
             guard let a = state.ranges({ s in
                 s.next(for: id, rates: rates, thiefRate: ownRate ?? rates.values.max(), connections: options.connections, quiet: quiet)
             }) ?? nil, let s = state.scheduler else { return nil }
-            if let (victim, end) = a.shrunk {
-                cursors[victim]?.end.store(end, ordering: .relaxed)
+            publishEnds()
+            if let (victim, _) = a.shrunk {
                 // A stalled range taken over whole (the endgame) is asked of another source if one has room.
                 if s.segments[victim].remaining == 0, let owner = s.segments[victim].owner,
                     let slow = state.sources.source(of: owner)
@@ -562,14 +562,12 @@ extension FileDownload {
     }
 
     /// A body without a known length ended (or a 416 confirmed it): its length is what we hold.
+    /// (No ranges are built for such a body: its writer's end is set here, the record's by the state.)
     func completeUnknownLength(_ cursor: SegmentCursor) {
         if record.totalLength == nil {
             let pos = cursor.position.load(ordering: .relaxed)
             cursor.end.store(pos, ordering: .relaxed)
-            state.describe { record in
-                record.totalLength = pos
-                record.segments[cursor.segment].end = pos
-            }
+            state.unknownLengthEnded(at: pos, segment: cursor.segment)
         }
     }
 

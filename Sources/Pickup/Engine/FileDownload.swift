@@ -45,6 +45,23 @@ final class FileDownload: @unchecked Sendable {
     var cursorFile: CursorFile?
     /// The range of every segment being (or last) written, by segment index.
     var cursors: [Int: SegmentCursor] = [:]
+
+    /// A range's end is the scheduler's (``RunState``'s): each writer's `end` atomic is a copy
+    /// the per-chunk path reads without `lock`, lowered here, and only here, to the scheduler's
+    /// end of the range it writes (a cut, a split, a shed, the plan, a response's end). Called
+    /// with `lock` held after anything that may change the ranges' shape; `also`: a writer not
+    /// registered in `cursors` yet. (Stopping every other writer for a whole response is not a
+    /// range's end: ``stopOthers(but:connection:)`` does that.)
+    func publishEnds(also extra: SegmentCursor? = nil) {
+        guard let s = state.scheduler else { return }
+        func lower(_ c: SegmentCursor) {
+            guard s.segments.indices.contains(c.segment), s.segments[c.segment].start == c.start else { return }
+            let end = s.segments[c.segment].end
+            if end < c.end.load(ordering: .relaxed) { c.end.store(end, ordering: .relaxed) }
+        }
+        for c in cursors.values { lower(c) }
+        if let extra { lower(extra) }
+    }
     /// The URL given after redirects (``SourceSet`` keeps where each source leads). With `lock` held.
     var resolvedURL: String { state.sources.url(0) }
     /// Told when the first response allows more connections.

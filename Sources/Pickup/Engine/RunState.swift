@@ -313,6 +313,16 @@ struct RunState {
     /// ``ranges(_:)`` only.
     mutating func describe(_ change: (inout ControlRecord) -> Void) { checkpoints.update(change) }
 
+    /// A body of unknown length ended at `length` (or a 416 confirmed it): the file is what
+    /// range `segment` holds. (No ranges are built: the run is at its end.)
+    mutating func unknownLengthEnded(at length: Int64, segment: Int) {
+        guard record.totalLength == nil else { return }
+        checkpoints.update { r in
+            r.totalLength = length
+            if r.segments.indices.contains(segment) { r.segments[segment].end = length }
+        }
+    }
+
     /// The complete length became known from a response to range `segment`: ranges are built
     /// over the record, `segment` ending at `total` and owned by connection `owner`.
     mutating func lengthKnown(_ total: Int64, claiming segment: Int, by owner: Int = 0) {
@@ -358,8 +368,6 @@ struct RunState {
     struct Partial: Equatable {
         /// The record's description changed: written before the body when no control file exists.
         var described = false
-        /// The end of `segment` now (lowered by the plan), when the ranges exist.
-        var end: Int64?
         /// Ranges with bytes left, when this response decided on more connections (then more
         /// than one means: open them).
         var running: Int?
@@ -393,7 +401,6 @@ struct RunState {
             }
             if !parallel { result.running = min(result.running ?? 1, 1) }
         }
-        if let s = scheduler, s.segments.indices.contains(segment) { result.end = s.segments[segment].end }
         return result
     }
 
