@@ -59,12 +59,29 @@ final class SegmentCursor: @unchecked Sendable {
     var written: Int64 { min(position.load(ordering: .acquiring), end.load(ordering: .relaxed)) - start }
 }
 
-/// Thrown by the sink when its range is complete before the response is (the range was split).
-struct RangeComplete: SinkError {}
+/// Why an attempt's sink stopped reading its response before the end, as a value: decisions and
+/// successes, not failures. A sink can end a response only by throwing, so the transport carries
+/// it as ``SinkStopped``; the attempt (``FileDownload/fetchRange``) acts on the value.
+enum SinkStop: Equatable, Sendable {
+    /// The range is complete before the response is (the range was split, cut or shed).
+    case rangeComplete
+    /// The URL answered a download that holds nothing with a Metalink document
+    /// (``DownloadRequest/followMetalink``): the body is not file content; it is read as a document.
+    case metalink
+    /// This source's answer is not this file's (another length, no ranges, other validators) while
+    /// others are live: the source goes. `otherFile`: the answer shows another file, not a server
+    /// that cannot serve it.
+    case rejected(reason: String, otherFile: Bool = true)
+    /// The head said all there is to know (a finished file's check answered with the same file, a
+    /// range dropped when another response replaced every held byte): the body is not read.
+    case nothingToRead
+}
 
-/// Thrown by the sink when the head decided everything and the body is of no use (a finished
-/// file's check answered with the same file again): the response is not read.
-struct StopReading: SinkError {}
+/// A sink's ``SinkStop``, on its way through the transport.
+struct SinkStopped: SinkError {
+    let why: SinkStop
+    init(_ why: SinkStop) { self.why = why }
+}
 
 /// The sink for one attempt: decides on the response head (through ``FileDownload``) and then
 /// writes the body at its offset in the partial file.
@@ -131,7 +148,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         status = head.status
         let d = ResponseDecision.decide(head, context: context, now: Clock.wallSeconds())
         decision = d
-        if d == .notModified, head.status != 304 { throw StopReading() }
+        if d == .notModified, head.status != 304 { throw SinkStopped(.nothingToRead) }
         if let expected = download.request.length, d.writes {
             try download.checkLength(of: d, expected: expected, source: source)
         }
@@ -178,7 +195,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
             cursor.position.store(offset, ordering: .releasing)
             download.transferred.wrappingIncrement(by: Int64(n), ordering: .relaxed)
         }
-        if offset >= limit && limit < responseEnd { throw RangeComplete() }
+        if offset >= limit && limit < responseEnd { throw SinkStopped(.rangeComplete) }
         var pause = 0.0
         for limiter in limiters { pause = max(pause, limiter.take(bytes.count)) }
         return pause

@@ -12,7 +12,7 @@ extension FileDownload {
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
                       cursor: SegmentCursor, latency: Double, connection: Int, source: Int = 0) throws -> (SegmentCursor, Int64, Int64?)? {
         if decision.writes {
-            if answersWithMetalink(head, source: source) { throw MetalinkAnswer() }
+            if answersWithMetalink(head, source: source) { throw SinkStopped(.metalink) }
             discardForeign()
         }
         switch decision {
@@ -24,11 +24,11 @@ extension FileDownload {
             let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
                 state.answered(after: latency)
                 guard let file else { return nil }
-                if isDropped(cursor) { throw StopReading() }
+                if isDropped(cursor) { throw SinkStopped(.nothingToRead) }
                 // A source retired meanwhile (by another connection) writes nothing more.
-                if state.sources.isRetired(source) { throw SourceRejected(reason: "it was retired") }
+                if state.sources.isRetired(source) { throw SinkStopped(.rejected(reason: "it was retired")) }
                 if state.sources.several, let why = disagreement(source: source, total: total, validators: validators) {
-                    if state.sources.canReject(source) { throw SourceRejected(reason: why) }
+                    if state.sources.canReject(source) { throw SinkStopped(.rejected(reason: why)) }
                     throw RepresentationChanged(reason: why)
                 }
                 if context.validators?.ifRange != nil { state.heldBytesConfirmed() }
@@ -84,16 +84,16 @@ extension FileDownload {
                     || state.sources.several && state.sources.canReject(source) && (context.offset > 0 || record.totalLength != nil))
             }
             guard let file else { return nil }
-            if dropped { throw StopReading() }
+            if dropped { throw SinkStopped(.nothingToRead) }
             // A mirror that does not take ranges (or whose file changed) leaves; the others go on.
-            if rejectable { throw SourceRejected(reason: "it sent the whole file (200) to a range request", otherFile: false) }
+            if rejectable { throw SinkStopped(.rejected(reason: "it sent the whole file (200) to a range request", otherFile: false)) }
             if ranges > 1 || cursor.segment != 0 {
                 // A whole response from offset 0 while other ranges run (their validators did not
                 // match this server's: a load balancer's backends, a changed file): it is the one
                 // stream from now on. The others stop before any byte of it is written.
                 switch stopOthers(but: cursor, connection: connection) {
                 case .stopped: break
-                case .stale: throw StopReading()
+                case .stale: throw SinkStopped(.nothingToRead)
                 case .timedOut: throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
                 }
                 let (several, sameValidators) = lock.withLock { (state.sources.several, record.validators == validators) }
@@ -133,7 +133,7 @@ extension FileDownload {
 
     /// A source whose answer announces another length than the one the request gives (a Metalink
     /// document's `size`) is not this file, whatever answered first: it is retired while another
-    /// source is live (``SourceRejected``), else the download fails. Never trusted over the length.
+    /// source is live (``SinkStop/rejected(reason:otherFile:)``), else the download fails. Never trusted over the length.
     /// One that announces none (an FTP server without SIZE, a gateway) is left for another source
     /// when there is one; alone, it is taken, and the finished file must have the length.
     func checkLength(of decision: ResponseDecision, expected: Int64, source: Int) throws {
@@ -151,7 +151,7 @@ extension FileDownload {
             throw PickupError.verification("\(DownloadURL.redacted(url)) is not the file the Metalink document describes: \(why)")
         }
         if !notice.isEmpty { onEvent(.notice(notice)) }  // (empty: another connection retired it)
-        throw SourceRejected(reason: why)
+        throw SinkStopped(.rejected(reason: why))
     }
 
     /// Why a 206 from `source` cannot be part of this file when there are several sources: another

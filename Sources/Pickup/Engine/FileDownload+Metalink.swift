@@ -1,9 +1,5 @@
 import Foundation
 
-/// Thrown by the sink when the URL answers a download that holds nothing with a Metalink document
-/// (``DownloadRequest/followMetalink``): the body is not file content.
-struct MetalinkAnswer: SinkError {}
-
 /// A small document read whole into memory, at most `limit` bytes (more is refused, not read).
 /// The transport calls it from one thread at a time, in order; it is read after `fetch` returns.
 final class DocumentSink: ResponseSink, @unchecked Sendable {

@@ -6,13 +6,6 @@ struct RepresentationChanged: SinkError {
     let reason: String
 }
 
-/// One source's answer is not this file's (when others are live): that source goes.
-struct SourceRejected: SinkError {
-    let reason: String
-    /// Whether the answer shows another file (another length, other validators), not a server that cannot serve it.
-    var otherFile = true
-}
-
 extension ResponseDecision {
     /// Whether the body of this response is file content.
     var writes: Bool {
@@ -362,19 +355,21 @@ extension FileDownload {
                 let request = FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience,
                                            multiplex: options.multiplex && offset == 0 && total == nil)
                 try await transport.fetch(request, into: sink)
-            } catch is RangeComplete {
-                return piecewise(url) ? .cut : .done
-            } catch is MetalinkAnswer {
-                return .ended(.metalink(try await readMetalink(at: url)))
-            } catch let rejected as SourceRejected {
-                // This source's answer is not this file (another length, no ranges, other
-                // validators): retired, and the range goes on from another source.
-                if let notice = lock.withLock({ state.reject(source, why: rejected.reason, otherFile: rejected.otherFile) }) { onEvent(.notice(notice)) }
-                guard moveOn() else { return .retired }
-                continue
-            } catch is StopReading {
-                // The head said all there is to know (an unchanged file sent again, or a range
-                // dropped when another response replaced every held byte): decided below.
+            } catch let stopped as SinkStopped {
+                switch stopped.why {
+                case .rangeComplete: return piecewise(url) ? .cut : .done
+                case .metalink: return .ended(.metalink(try await readMetalink(at: url)))
+                case .rejected(let reason, let otherFile):
+                    // This source's answer is not this file (another length, no ranges, other
+                    // validators): retired, and the range goes on from another source.
+                    if let notice = lock.withLock({ state.reject(source, why: reason, otherFile: otherFile) }) { onEvent(.notice(notice)) }
+                    guard moveOn() else { return .retired }
+                    continue
+                case .nothingToRead:
+                    // The head said all there is to know (an unchanged file sent again, or a range
+                    // dropped when another response replaced every held byte): decided below.
+                    break
+                }
             } catch let e as TransportError {
                 var stalled: String?
                 if case .stalled = e {
