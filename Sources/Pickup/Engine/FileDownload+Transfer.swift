@@ -294,18 +294,23 @@ extension FileDownload {
         }
         while true {
             try Task.checkCancellation()
-            // (Mirrors named by the first answer make several sources of one.)
-            several = lock.withLock { state.sources.several }
             if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
+            // What the run says before this attempt, read in one look. (Mirrors named by the first
+            // answer make several sources of one.)
+            let (stopped, retired) = lock.withLock { () -> (Bool, Bool) in
+                several = state.sources.several
+                return (state.isStopped(id), state.sources.isRetired(source))
+            }
             // Another connection goes on alone (a response replaced every held byte): this one's
             // range is gone, and its cursor with it.
-            if lock.withLock({ state.isStopped(id) }) { return .retired }
+            if stopped { return .retired }
             // Its source was retired (by another connection, or a bad piece): another one, or leave.
-            if several, lock.withLock({ state.sources.isRetired(source) }), !moveOn() { return .retired }
-            var (validators, total) = lock.withLock { (record.validators(of: source), record.totalLength) }
+            if several, retired, !moveOn() { return .retired }
+            let (described, confirmed) = lock.withLock { ((record.validators(of: source), record.totalLength), state.heldConfirmed) }
+            var (validators, total) = described
             // Bytes held from an earlier run are confirmed first, by a source that can (its strong
             // validator in If-Range); one that never answered could send another version's bytes.
-            if several, cursor.position.load(ordering: .relaxed) > 0, validators?.ifRange == nil, lock.withLock({ !state.heldConfirmed }) {
+            if several, cursor.position.load(ordering: .relaxed) > 0, validators?.ifRange == nil, !confirmed {
                 let to = lock.withLock { () -> Int? in
                     guard let c = state.sources.live.first(where: { record.validators(of: $0)?.ifRange != nil }) else { return nil }
                     state.onSources { $0.bind(id, to: c) }
@@ -389,8 +394,8 @@ extension FileDownload {
                 }
             }
             cursor = sink.cursor
-            if lock.withLock({ state.isStopped(id) }) { return .retired }
-            let now = lock.withLock { state.heldAtMost(heldBytes()) }
+            // Stopped meanwhile (another connection went on alone), else the most ever held.
+            guard let now = lock.withLock({ state.isStopped(id) ? nil : state.heldAtMost(heldBytes()) }) else { return .retired }
             if sink.decision?.writes == true, cursor.position.load(ordering: .relaxed) > offset { attempt.wrote() }
             switch sink.decision {
             case nil:
