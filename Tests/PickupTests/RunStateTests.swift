@@ -92,6 +92,15 @@ import Testing
                 }
                 return w
             }
+            /// The engine's rule (`FileDownload.publishEnds`): every writer stops at its range's end
+            /// as the state says it now (a writer is never past its end: the model's stops there).
+            func publishEnds() {
+                for (i, pos) in writers {
+                    guard let s = state.scheduler, s.segments.indices.contains(i),
+                        let end = state.end(ofRange: i, startingAt: s.segments[i].start), pos > end else { continue }
+                    writers[i] = max(end, s.segments[i].start)
+                }
+            }
             func startFresh() {
                 state.describe { $0.validators = validators; $0.totalLength = total }
                 writers[0] = state.record.segments[0].start + state.record.segments[0].done
@@ -116,13 +125,8 @@ import Testing
                         for (i, w) in reported where s.segments.indices.contains(i) { s.report(i, done: w) }
                         return s.next(for: id, rates: [:], thiefRate: nil, connections: connections, quiet: [:])
                     } ?? nil
-                    if let a, let s = state.scheduler {
-                        if let (victim, end) = a.shrunk, let p = writers[victim], p > end {
-                            // A writer is never past its end: the model's writer stops there.
-                            writers[victim] = max(end, s.segments[victim].start)
-                        }
-                        writers[a.segment] = s.segments[a.segment].next
-                    }
+                    publishEnds()
+                    if let a, let s = state.scheduler { writers[a.segment] = s.segments[a.segment].next }
                 case 4:  // a connection gives its range back
                     let id = pick(connections)
                     state.ranges { $0.release(id) }
@@ -137,11 +141,11 @@ import Testing
                     }
                 case 7:  // the tuner sheds to one connection
                     let reported = writtenByRange()
-                    let cut = state.ranges { s -> [(segment: Int, end: Int64)] in
+                    state.ranges { s in
                         for (i, w) in reported where s.segments.indices.contains(i) { s.report(i, done: w) }
-                        return s.shed(rates: [:]).cut
-                    } ?? []
-                    for (i, end) in cut where (writers[i] ?? 0) > end { writers[i] = end }
+                        _ = s.shed(rates: [:])
+                    }
+                    publishEnds()
                 case 8:  // the representation changed: everything is discarded
                     if pick(4) == 0 {
                         pending = nil

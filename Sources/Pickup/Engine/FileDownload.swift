@@ -53,15 +53,15 @@ final class FileDownload: @unchecked Sendable {
     /// registered in `cursors` yet. (Stopping every other writer for a whole response is not a
     /// range's end: ``stopOthers(but:connection:)`` does that.)
     func publishEnds(also extra: SegmentCursor? = nil) {
-        guard let s = state.scheduler else { return }
+        guard state.scheduler != nil else { return }
         func lower(_ c: SegmentCursor) {
-            guard s.segments.indices.contains(c.segment), s.segments[c.segment].start == c.start else { return }
-            let end = s.segments[c.segment].end
-            if end < c.end.load(ordering: .relaxed) { c.end.store(end, ordering: .relaxed) }
+            guard let end = state.end(ofRange: c.segment, startingAt: c.start), end < c.end.load(ordering: .relaxed) else { return }
+            c.end.store(end, ordering: .relaxed)
         }
         for c in cursors.values { lower(c) }
         if let extra { lower(extra) }
     }
+
     /// The URL given after redirects (``SourceSet`` keeps where each source leads). With `lock` held.
     var resolvedURL: String { state.sources.url(0) }
     /// Told when the first response allows more connections.

@@ -313,6 +313,14 @@ struct RunState {
     /// ``ranges(_:)`` only.
     mutating func describe(_ change: (inout ControlRecord) -> Void) { checkpoints.update(change) }
 
+    /// Where the writer of range `segment`, which starts at `start`, stops now: the scheduler's
+    /// end of that range, the one owner of a range's end (``FileDownload/publishEnds(also:)``
+    /// copies it to the writers). Nil without ranges, or when that range is not this one now.
+    func end(ofRange segment: Int, startingAt start: Int64) -> Int64? {
+        guard let s = scheduler, s.segments.indices.contains(segment), s.segments[segment].start == start else { return nil }
+        return s.segments[segment].end
+    }
+
     /// A body of unknown length ended at `length` (or a 416 confirmed it): the file is what
     /// range `segment` holds. (No ranges are built: the run is at its end.)
     mutating func unknownLengthEnded(at length: Int64, segment: Int) {
