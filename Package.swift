@@ -8,6 +8,7 @@ let package = Package(
     platforms: [.macOS(.v14), .iOS(.v16)],
     products: [
         .library(name: "Pickup", targets: ["Pickup"]),
+        .library(name: "PickupBackground", targets: ["PickupBackground"]),
         .executable(name: "pickup", targets: ["pickup"]),
     ],
     dependencies: [
@@ -57,6 +58,16 @@ let package = Package(
             ],
             // Apple's privacy manifest (required-reason APIs: file timestamps), in the target's bundle.
             resources: [.copy("PrivacyInfo.xcprivacy")]
+        ),
+        // Background transfers through URLSession (FoundationNetworking on Linux): a target of its
+        // own, which the statically linked `pickup` does not depend on (FoundationNetworking's
+        // static library needs a static libcurl).
+        .target(
+            name: "PickupBackground",
+            dependencies: [
+                "Pickup",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
         ),
         .target(
             name: "PickupDaemon",
@@ -118,7 +129,7 @@ let package = Package(
         .testTarget(
             name: "PickupTests",
             dependencies: [
-                "Pickup", "PickupDaemon", "TestServer",
+                "Pickup", "PickupDaemon", "PickupBackground", "TestServer",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

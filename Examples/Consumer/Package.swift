@@ -11,7 +11,10 @@ let package = Package(
         .package(path: "../pickup"),
     ],
     targets: [
-        .executableTarget(name: "consumer", dependencies: [.product(name: "Pickup", package: "pickup")]),
+        .executableTarget(name: "consumer", dependencies: [
+            .product(name: "Pickup", package: "pickup"),
+            .product(name: "PickupBackground", package: "pickup"),
+        ]),
     ],
     swiftLanguageModes: [.v6]
 )

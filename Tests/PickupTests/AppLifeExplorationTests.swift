@@ -1,4 +1,5 @@
 import Foundation
+import PickupBackground
 import SystemPackage
 import Testing
 import TestServer
@@ -6,7 +7,8 @@ import TestServer
 @testable import Pickup
 
 /// An app's life, explored: seeded random sequences of launch, add (some paused, some twice),
-/// pause, resume, letting time pass, suspend, foreground, termination, container move and
+/// pause, resume, letting time pass, suspend (half the time handing what is missing to background
+/// transfers, whose chunks land while suspended), foreground, termination, container move and
 /// relaunch, against the test server. Invariants, checked as it goes and at the end:
 /// - no download is lost: every one added is there after every relaunch, at the new place;
 /// - the progress shown after a relaunch is not behind what was shown before the app ended (the
@@ -58,7 +60,7 @@ import TestServer
         let count = 5
         var bodies: [[UInt8]] = []
         for i in 0..<count {
-            let size = Int.random(in: 20_000...900_000, using: &random)
+            let size = Int.random(in: 20_000...1_600_000, using: &random)
             let body = Resource.bytes(count: size, seed: seed &+ UInt64(i))
             bodies.append(body)
             server.set("/life-\(seed)/\(i).bin", Resource(body: body, bytesPerSecond: Int.random(in: 200_000...800_000, using: &random)))
@@ -82,6 +84,8 @@ import TestServer
 
         var manager: DownloadManager? = try await DownloadManager.open(configuration: configuration(home))
         var suspended = false
+        /// While suspended, sometimes: background transfers go on with what is missing.
+        var transfers: BackgroundTransfers? = nil
         var added: [Int: DownloadID] = [:]  // file index -> id
         var shownBeforeEnd: [DownloadID: Int64] = [:]
         var steps: [String] = []
@@ -135,6 +139,10 @@ import TestServer
                     try? await m.resume(id)
                     steps.append("resume")
                 }
+            case 56..<70 where transfers != nil:
+                // In the background: the chunks land (or some of them, when the app ends first).
+                if Bool.random(using: &random) { await transfers?.finished() }
+                steps.append("chunks")
             case 56..<70:
                 // Time passes: until some bytes arrive, or nothing is running.
                 let now = await m.downloads().reduce(Int64(0)) { $0 + $1.progress.bytesDone }
@@ -146,13 +154,22 @@ import TestServer
                 steps.append("time")
             case 70..<82:
                 if suspended {
-                    _ = await m.start()
+                    if let t = transfers { _ = await t.enterForeground() } else { _ = await m.start() }
+                    transfers?.invalidate()
+                    transfers = nil
                     suspended = false
                     steps.append("foreground")
                 } else {
-                    await m.suspend()
+                    if Bool.random(using: &random) {
+                        let t = BackgroundTransfers(manager: m)
+                        let chunks = await t.enterBackground(chunkSize: 128 << 10)
+                        transfers = t
+                        steps.append("suspend, \(chunks.count) chunks to the background")
+                    } else {
+                        await m.suspend()
+                        steps.append("suspend")
+                    }
                     suspended = true
-                    steps.append("suspend")
                     let (free, out) = try await Self.locksAreFree(state: configuration(home).stateDirectory,
                                                                   downloads: home.appending("Documents"))
                     #expect(free, "\(label): a lock is held while suspended: \(out) (\(steps))")
@@ -160,6 +177,9 @@ import TestServer
             default:
                 // The app ends (suspended or not); what it showed last is what a relaunch must not be behind.
                 for info in await m.downloads() { shownBeforeEnd[info.id] = info.progress.bytesDone }
+                // Its session's tasks end with it (on Linux; a background session would go on).
+                transfers?.invalidate()
+                transfers = nil
                 await m.shutdown()
                 manager = nil
                 steps.append("end")
@@ -170,7 +190,10 @@ import TestServer
         let m: DownloadManager
         if let running = manager {
             m = running
-            if suspended { _ = await m.start() }
+            if suspended {
+                if let t = transfers { _ = await t.enterForeground() } else { _ = await m.start() }
+                transfers?.invalidate()
+            }
         } else {
             m = try await DownloadManager.open(configuration: configuration(home))
         }

@@ -441,7 +441,7 @@ final class DaemonFixture: TestFixture, @unchecked Sendable {
     }
 
     @Test func aSecondDaemonOnTheSameStateIsRefused() async throws {
-        try await DaemonFixture().run { f in
+        _ = try await DaemonFixture().run { f in
             #expect(throws: PickupError.self) {
                 try Daemon(configuration: DaemonConfiguration(root: f.root.path, stateDirectory: f.state.path))
             }

@@ -73,6 +73,10 @@ public final class Downloader: Sendable {
     /// `request` (through the directory's handle, never following a symlink). Blocking: call it
     /// off Swift's cooperative pool, and only when no run of that request is going on.
     public static func discardPartial(of request: DownloadRequest) {
+        HandOff.files.withLock { discardPartialLocked(of: request) }
+    }
+
+    private static func discardPartialLocked(of request: DownloadRequest) {
         guard let (directory, partial, control) = try? FileDownload.paths(for: request),
             let dir = try? DirectoryHandle.open(directory, under: request.root, create: false)
         else { return }

@@ -19,11 +19,11 @@ public final class PartialFile: Sendable {
     let fd: FileDescriptor
     private let closed = ManagedAtomic(false)
 
-    /// Opens (creating if needed) `name` in `directory` for reading and writing, without
-    /// truncating it and never through a symlink at that name.
-    init(in directory: DirectoryHandle, name: String) throws(PickupError) {
+    /// Opens (creating if needed, unless `create` is false) `name` in `directory` for reading and
+    /// writing, without truncating it and never through a symlink at that name.
+    init(in directory: DirectoryHandle, name: String, create: Bool = true) throws(PickupError) {
         path = directory.pathOf(name)
-        fd = try directory.openFile(name, write: true, create: true)
+        fd = try directory.openFile(name, write: true, create: create)
     }
 
     /// Opens (creating if needed) the file at `path` for reading and writing, without truncating

@@ -2,6 +2,7 @@
 // Downloader, then again through a DownloadManager, and prints what each saved.
 import Foundation
 import Pickup
+import PickupBackground
 
 #if canImport(Glibc)
 import Glibc
@@ -39,5 +40,13 @@ guard let info = await manager.outcome(of: id), info.state == .completed, let pa
     exit(1)
 }
 print("managed", path, info.progress.bytesDone)
+
+// The app goes to the background and comes back: what is missing (nothing here) would go on in
+// background transfers meanwhile.
+let transfers = BackgroundTransfers(manager: manager)
+let handed = await transfers.enterBackground()
+print("background chunks", handed.count)
+_ = await transfers.enterForeground()
+transfers.invalidate()
 await manager.shutdown()
 

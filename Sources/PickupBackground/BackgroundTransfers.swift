@@ -1,0 +1,232 @@
+import Foundation
+import Pickup
+import SystemPackage
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Downloads go on while the app is suspended: ``enterBackground()`` suspends the manager and hands
+/// what is missing of its waiting downloads to a `URLSession` as download tasks, one per chunk of
+/// ``DownloadManager/backgroundChunkSize`` bytes (`Range` plus `If-Range` with the held bytes'
+/// strong validator); each chunk that lands is judged like any response and written into its
+/// partial file with a durable checkpoint (``DownloadManager/land(_:status:headers:body:)``).
+/// ``enterForeground()`` cancels what is still going, waits for chunks being written, and starts
+/// the manager, whose runs go on from the control files.
+///
+/// On Apple platforms the session is a background one (`URLSessionConfiguration.background`),
+/// run by the system while the app sleeps or after it was ended; make one `BackgroundTransfers`
+/// with the same identifier at every launch, before the system delivers the session's events, and
+/// pass `application(_:handleEventsForBackgroundURLSession:completionHandler:)`'s handler (or
+/// SwiftUI's `.backgroundTask(.urlSession)`) to ``handleEvents(completion:)``. Tasks of an earlier
+/// launch name their chunk in their `taskDescription` and land the same way.
+/// Elsewhere (Linux) it is a default session of FoundationNetworking in this process: the same
+/// chunk path, tested against the test server.
+///
+/// What goes to the background: see ``DownloadManager/backgroundRequests(chunkSize:)``. Redirects
+/// are not followed (the foreground run follows them, refusing a downgrade); cookies are the
+/// download's own, none are stored; the session's cache is off; TLS is verified by the system.
+public final class BackgroundTransfers: NSObject, @unchecked Sendable {
+    /// The manager whose downloads go on in the background.
+    public let manager: DownloadManager
+    private var session: URLSession!
+    private let lock = NSLock()
+    // Guarded by `lock`.
+    /// Tasks started and not completed, plus chunks being written.
+    private var outstanding = 0
+    private var idle: [CheckedContinuation<Void, Never>] = []
+    private var eventsDone: EventsDone?
+    private var landed: [BackgroundChunk: BackgroundLanding] = [:]
+    /// Tasks cancelled because their answer outgrew their chunk.
+    private var oversized: Set<BackgroundChunk> = []
+
+    /// Transfers for `manager`'s downloads in the session named `identifier` (one per app).
+    public init(manager: DownloadManager, identifier: String = "pickup.background") {
+        self.manager = manager
+        super.init()
+        #if canImport(Darwin)
+        let configuration = URLSessionConfiguration.background(withIdentifier: identifier)
+        configuration.sessionSendsLaunchEvents = true
+        configuration.isDiscretionary = false
+        #else
+        let configuration = URLSessionConfiguration.default
+        #endif
+        configuration.httpCookieStorage = nil
+        configuration.httpShouldSetCookies = false
+        configuration.urlCache = nil
+        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+        let queue = OperationQueue()
+        queue.maxConcurrentOperationCount = 1
+        session = URLSession(configuration: configuration, delegate: self, delegateQueue: queue)
+        #if canImport(Darwin)
+        // Tasks of an earlier launch that the system still runs end here too: ``finished()``
+        // waits for them.
+        session.getAllTasks { tasks in self.lock.withLock { self.outstanding += tasks.count } }
+        #endif
+    }
+
+    /// Suspends the manager (every run checkpoints and ends), then starts a download task for each
+    /// chunk missing from the downloads that may go on in the background. A chunk is started only
+    /// while the temporary directory, where the session writes its body, has room for it and every
+    /// chunk before it (plus 64 MiB): the others wait for the foreground.
+    /// - Returns: the chunks started.
+    @discardableResult
+    public func enterBackground(chunkSize: Int64 = DownloadManager.backgroundChunkSize) async -> [BackgroundChunk] {
+        await manager.suspend()
+        // Chunks a task already asks for (an earlier call, or an earlier launch's session) are not
+        // asked twice.
+        let going = await withCheckedContinuation { (c: CheckedContinuation<Set<String>, Never>) in
+            session.getAllTasks { tasks in c.resume(returning: Set(tasks.compactMap(\.taskDescription))) }
+        }
+        var room = Self.freeBytes(FileManager.default.temporaryDirectory.path) - (64 << 20)
+        var started: [BackgroundChunk] = []
+        for r in await manager.backgroundRequests(chunkSize: chunkSize) where !going.contains(r.chunk.taskDescription) {
+            let length = r.chunk.end - r.chunk.start
+            guard room >= length, let url = URL(string: r.url) else { break }
+            room -= length
+            var request = URLRequest(url: url)
+            request.httpShouldHandleCookies = false
+            for (name, value) in r.headers { request.setValue(value, forHTTPHeaderField: name) }
+            let task = session.downloadTask(with: request)
+            task.taskDescription = r.chunk.taskDescription
+            lock.withLock { outstanding += 1 }
+            task.resume()
+            started.append(r.chunk)
+        }
+        return started
+    }
+
+    /// Cancels the tasks still going (their ranges stay missing, for the manager's runs), waits
+    /// for the chunks being written, and starts the manager.
+    /// - Returns: ``DownloadManager/start()``'s answer.
+    @discardableResult
+    public func enterForeground() async -> Bool {
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            session.getAllTasks { tasks in
+                for task in tasks { task.cancel() }
+                c.resume()
+            }
+        }
+        await finished()
+        return await manager.start()
+    }
+
+    /// Returns once every task has ended and every chunk that landed is written (or refused).
+    public func finished() async {
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let now = lock.withLock { () -> Bool in
+                if outstanding == 0 { return true }
+                idle.append(c)
+                return false
+            }
+            if now { c.resume() }
+        }
+    }
+
+    /// What became of each chunk that landed so far (in this process).
+    public var landings: [BackgroundChunk: BackgroundLanding] { lock.withLock { landed } }
+
+    /// The system woke or relaunched the app for this session's events: `completion` is called
+    /// once they are all delivered and their chunks written.
+    /// (UIKit's handler is called on the main queue, as it asks.)
+    public func handleEvents(completion: @escaping () -> Void) {
+        lock.withLock { eventsDone = EventsDone(call: completion) }
+    }
+
+    /// The system's handler, kept until the session's events are all delivered.
+    struct EventsDone: @unchecked Sendable {
+        let call: () -> Void
+    }
+
+    /// Ends the session and its tasks without waiting (the app is going away).
+    public func invalidate() { session.invalidateAndCancel() }
+
+    private func ended() {
+        let waiters = lock.withLock { () -> [CheckedContinuation<Void, Never>] in
+            outstanding -= 1
+            guard outstanding <= 0 else { return [] }
+            outstanding = 0
+            defer { idle = [] }
+            return idle
+        }
+        for w in waiters { w.resume() }
+    }
+
+    /// Bytes free to this user in the file system of `path` (0 when it cannot be asked).
+    static func freeBytes(_ path: String) -> Int64 {
+        var s = statvfs()
+        guard statvfs(path, &s) == 0 else { return 0 }
+        let (free, size) = (Int64(clamping: UInt64(s.f_bavail)), Int64(clamping: UInt64(s.f_frsize)))
+        return free.multipliedReportingOverflow(by: size).overflow ? .max : free * size
+    }
+}
+
+extension BackgroundTransfers: URLSessionDownloadDelegate {
+    public func urlSession(_ session: URLSession, downloadTask: URLSessionDownloadTask, didFinishDownloadingTo location: URL) {
+        guard let chunk = downloadTask.taskDescription.flatMap(BackgroundChunk.init(taskDescription:)),
+            let response = downloadTask.response as? HTTPURLResponse
+        else { return }
+        // The session removes `location` when this returns: the file is moved beside it first
+        // (the same directory, so a rename) and removed once its bytes are written.
+        let kept = location.path + ".pickup-landing"
+        guard rename(location.path, kept) == 0 else { return }
+        let headers = response.allHeaderFields.compactMap { (k, v) -> (name: String, value: String)? in
+            guard let k = k as? String, let v = v as? String else { return nil }
+            return (k, v)
+        }
+        lock.withLock { outstanding += 1 }
+        let manager = manager
+        Task {
+            let landing = await manager.land(chunk, status: response.statusCode, headers: headers, body: FilePath(kept))
+            unlink(kept)
+            self.lock.withLock { self.landed[chunk] = landing }
+            self.ended()
+        }
+    }
+
+    /// An answer longer than its chunk (a 200 with the whole file: it changed, or the server
+    /// ignores ranges; or a hostile one) is cut off as soon as it passes the chunk's length: it
+    /// would be refused anyway, and the temporary directory is not the place for a whole file.
+    public func urlSession(_ session: URLSession, downloadTask: URLSessionDownloadTask, didWriteData bytesWritten: Int64,
+                           totalBytesWritten: Int64, totalBytesExpectedToWrite: Int64) {
+        guard let chunk = downloadTask.taskDescription.flatMap(BackgroundChunk.init(taskDescription:)),
+            totalBytesWritten > chunk.end - chunk.start
+        else { return }
+        lock.withLock { _ = oversized.insert(chunk) }
+        downloadTask.cancel()
+    }
+
+    public func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: Error?) {
+        if let chunk = task.taskDescription.flatMap(BackgroundChunk.init(taskDescription:)) {
+            lock.withLock {
+                if oversized.remove(chunk) != nil {
+                    landed[chunk] = .refused("the answer is longer than the range asked for (the file changed, or the server ignores ranges)")
+                }
+            }
+        }
+        ended()
+    }
+
+    public func urlSession(_ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
+                           newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void) {
+        completionHandler(nil)
+    }
+
+    #if canImport(Darwin)
+    public func urlSessionDidFinishEvents(forBackgroundURLSession session: URLSession) {
+        Task {
+            await self.finished()
+            let done = self.lock.withLock { () -> EventsDone? in
+                defer { self.eventsDone = nil }
+                return self.eventsDone
+            }
+            if let done { DispatchQueue.main.async { done.call() } }
+        }
+    }
+    #endif
+}
