@@ -41,11 +41,17 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     private var outstanding = 0
     private var idle: [CheckedContinuation<Void, Never>] = []
     private var eventsDone: EventsDone?
+    /// The session said its events were delivered before the app passed the system's handler.
+    private var eventsFinished = false
     private var landed: [BackgroundChunk: BackgroundLanding] = [:]
     /// Tasks cancelled because their answer outgrew their chunk.
     private var oversized: Set<BackgroundChunk> = []
 
     /// Transfers for `manager`'s downloads in the session named `identifier` (one per app).
+    ///
+    /// When the system launches the app in the background for the session's events, open the
+    /// manager with ``DownloadManager/Configuration/autoStart`` off: chunks land only while it is
+    /// suspended (a started manager runs the downloads itself and refuses them).
     public init(manager: DownloadManager, identifier: String = "pickup.background") {
         self.manager = manager
         super.init()
@@ -87,9 +93,11 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
         var started: [BackgroundChunk] = []
         for r in await manager.backgroundRequests(chunkSize: chunkSize) where !going.contains(r.chunk.taskDescription) {
             let length = r.chunk.end - r.chunk.start
-            guard room >= length, let url = URL(string: r.url) else { break }
+            guard room >= length else { break }
+            guard let url = URL(string: r.url) else { continue }
             room -= length
             var request = URLRequest(url: url)
+            // (The user's fields first: Range, If-Range and Accept-Encoding are Pickup's.)
             request.httpShouldHandleCookies = false
             for (name, value) in r.headers { request.setValue(value, forHTTPHeaderField: name) }
             let task = session.downloadTask(with: request)
@@ -135,7 +143,13 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     /// once they are all delivered and their chunks written.
     /// (UIKit's handler is called on the main queue, as it asks.)
     public func handleEvents(completion: @escaping () -> Void) {
-        lock.withLock { eventsDone = EventsDone(call: completion) }
+        let handler = EventsDone(call: completion)
+        let now = lock.withLock { () -> Bool in
+            if eventsFinished { return true }
+            eventsDone = handler
+            return false
+        }
+        if now { DispatchQueue.main.async { handler.call() } }
     }
 
     /// The system's handler, kept until the session's events are all delivered.
@@ -179,10 +193,16 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
             guard let k = k as? String, let v = v as? String else { return nil }
             return (k, v)
         }
+        let status = response.statusCode
+        let ifRange = downloadTask.originalRequest?.value(forHTTPHeaderField: "If-Range")
+        // A background session follows redirects by itself (the delegate is not asked): an answer
+        // from anywhere but the URL asked is never written.
+        let moved = response.url.map { $0 != downloadTask.originalRequest?.url } ?? true
         lock.withLock { outstanding += 1 }
         let manager = manager
         Task {
-            let landing = await manager.land(chunk, status: response.statusCode, headers: headers, body: FilePath(kept))
+            let landing = moved ? .refused("redirected: the foreground run follows redirects")
+                : await manager.land(chunk, status: status, headers: headers, body: FilePath(kept), ifRange: ifRange)
             unlink(kept)
             self.lock.withLock { self.landed[chunk] = landing }
             self.ended()
@@ -223,6 +243,7 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
             await self.finished()
             let done = self.lock.withLock { () -> EventsDone? in
                 defer { self.eventsDone = nil }
+                self.eventsFinished = self.eventsDone == nil
                 return self.eventsDone
             }
             if let done { DispatchQueue.main.async { done.call() } }

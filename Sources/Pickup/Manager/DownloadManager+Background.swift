@@ -21,7 +21,8 @@ extension DownloadManager {
     /// wait to run and may be handed to background transfers, in chunks of `chunkSize` bytes.
     ///
     /// A download goes to the background only when nothing about it needs this process: http(s),
-    /// one source (mirrors stay in the foreground), no piece hashes, no proxy configured (a
+    /// one source (mirrors stay in the foreground), no piece hashes, no secret (credentials, a
+    /// secret header field, cookies), no proxy configured (a
     /// background transfer would go where the system sends it), and bytes held with the complete
     /// length and a strong validator (the chunks' `If-Range`); the others wait for ``start()``.
     public func backgroundRequests(chunkSize: Int64 = DownloadManager.backgroundChunkSize) async -> [BackgroundRequest] {
@@ -30,7 +31,10 @@ extension DownloadManager {
         else { return [] }
         let candidates = queue.entries.filter { $0.value.state == .waiting }.sorted { $0.value.place < $1.value.place }
             .compactMap { entry -> DownloadDetails? in
+                // Secrets (credentials, secret fields, cookies) stay in this process: a background
+                // session's requests are kept on disk by the system, and follow redirects there.
                 guard let d = details[entry.key], running[d.id] == nil, d.mirrors.isEmpty, d.pieces == nil,
+                    !d.options.carriesSecrets(url: d.url),
                     let scheme = URL(string: d.url)?.scheme?.lowercased(), scheme == "http" || scheme == "https"
                 else { return nil }
                 return d
@@ -45,13 +49,14 @@ extension DownloadManager {
                     let record = ControlFile.load(control, in: dir), record.url == d.url, record.totalLength != nil,
                     let ifRange = record.validators?.ifRange, record.mirrors == nil, HandOff.isTiling(record)
                 else { return [] }
-                let url = Self.withoutUserInformation(d.url)
+                guard let url = Self.withoutUserInformation(d.url) else { return [] }
                 let fields = RequestOptions.fields(for: d.url, original: d.url,
                                                    headers: RequestOptions.userHeaders(d.options.headers, for: d.url),
                                                    jar: d.options.cookies, now: now)
                 return HandOff.chunks(of: record, size: size).map { c in
                     BackgroundRequest(chunk: BackgroundChunk(id: d.id, start: c.start, end: c.end), url: url,
-                                      headers: [("Range", "bytes=\(c.start)-\(c.end - 1)"), ("If-Range", ifRange)] + fields)
+                                      headers: fields + [("Range", "bytes=\(c.start)-\(c.end - 1)"), ("If-Range", ifRange),
+                                                         ("Accept-Encoding", "identity")])
                 }
             }
         }) ?? []
@@ -65,27 +70,30 @@ extension DownloadManager {
     /// the download is no longer waiting (paused, removed, running again), or when the manager
     /// has started again. Landings run one at a time, between ``start()`` and ``suspend()``, never
     /// beside a run of the download.
+    /// `ifRange`: the `If-Range` value its request carried (the task's original request): bytes
+    /// asked for another version than the one held now are refused, whatever the answer says.
     public func land(_ chunk: BackgroundChunk, status: Int, headers: [(name: String, value: String)],
-                     body: FilePath) async -> BackgroundLanding {
+                     body: FilePath, ifRange: String?) async -> BackgroundLanding {
         let previous = lifeChain
         let head = ResponseHead(status: status, headers: headers)
         let task = Task { () -> BackgroundLanding in
             await previous?.value
-            return await self.landNow(chunk, head: head, body: body)
+            return await self.landNow(chunk, head: head, body: body, ifRange: ifRange)
         }
         lifeChain = Task { _ = await task.value }
         return await task.value
     }
 
-    func landNow(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath) async -> BackgroundLanding {
-        guard !started, !isShutDown else { return .refused("the manager is running: its own run fetches the range") }
+    func landNow(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath, ifRange: String?) async -> BackgroundLanding {
+        guard !isShutDown else { return .refused("the manager is shut down") }
+        guard !started else { return .refused("the manager is running: its own run fetches the range") }
         guard let d = details[chunk.id], state(of: chunk.id) == .waiting, running[chunk.id] == nil else {
             return .refused("download \(chunk.id) is not waiting to run")
         }
         let request = Self.request(for: d, root: configuration.root)
         let outcome: Result<(landed: Int64, held: Int64, total: Int64), HandOff.Refusal>
         do {
-            outcome = try await BlockingIO.run { Self.write(chunk, head: head, body: body, request: request) }
+            outcome = try await BlockingIO.run { Self.write(chunk, head: head, body: body, ifRange: ifRange, request: request) }
         } catch {
             return .refused("could not write the chunk")
         }
@@ -93,6 +101,7 @@ extension DownloadManager {
         case .failure(let refusal):
             return .refused(refusal.reason)
         case .success(let r):
+            guard details[chunk.id] != nil else { return .landed(bytes: r.landed) }
             let p = DownloadProgress(bytesDone: r.held, totalBytes: r.total, bytesPerSecond: 0)
             update(chunk.id) { $0.progress = p }
             emit(.progress(chunk.id, p))
@@ -105,13 +114,14 @@ extension DownloadManager {
     /// (blocking). Everything goes through the download directory's handle; the body file is
     /// read only. Order: the bytes, their fsync, then the record (durable): a kill anywhere
     /// leaves a record that claims only durable bytes.
-    static func write(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath, request: DownloadRequest)
+    static func write(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath, ifRange: String?, request: DownloadRequest)
         -> Result<(landed: Int64, held: Int64, total: Int64), HandOff.Refusal>
     {
-        HandOff.files.withLock { writeLocked(chunk, head: head, body: body, request: request) }
+        HandOff.files.withLock { writeLocked(chunk, head: head, body: body, ifRange: ifRange, request: request) }
     }
 
-    private static func writeLocked(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath, request: DownloadRequest)
+    private static func writeLocked(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath, ifRange: String?,
+                                     request: DownloadRequest)
         -> Result<(landed: Int64, held: Int64, total: Int64), HandOff.Refusal>
     {
         guard let (directory, partial, control) = try? FileDownload.paths(for: request),
@@ -121,6 +131,9 @@ extension DownloadManager {
             HandOff.isTiling(record)
         else { return .failure(HandOff.Refusal("the download's partial file or control file is gone or changed")) }
         guard chunk.end <= total else { return .failure(HandOff.Refusal("the chunk is past the file's end")) }
+        guard ifRange == validators.ifRange else {
+            return .failure(HandOff.Refusal("the chunk was asked for another version than the one held now"))
+        }
         guard let source = try? FileDescriptor.open(body, .readOnly, options: [.closeOnExec]) else {
             return .failure(HandOff.Refusal("the transfer's file is gone"))
         }
@@ -138,6 +151,8 @@ extension DownloadManager {
         do {
             let file = try PartialFile(in: dir, name: partial, create: false)
             defer { file.close() }
+            // Another process's run of the same file (the CLI, an extension) holds this lock.
+            guard file.lock() else { return .failure(HandOff.Refusal("another process is writing the download")) }
             var buffer = [UInt8](repeating: 0, count: 1 << 20)
             var at = chunk.start
             while at < end {
@@ -163,10 +178,11 @@ extension DownloadManager {
 
     /// `url` without its user information (credentials go in `Authorization`, never in the URL a
     /// session keeps).
-    static func withoutUserInformation(_ url: String) -> String {
-        guard var c = URLComponents(string: url), c.user != nil || c.password != nil else { return url }
+    static func withoutUserInformation(_ url: String) -> String? {
+        guard var c = URLComponents(string: url) else { return nil }
+        guard c.user != nil || c.password != nil else { return url }
         c.user = nil
         c.password = nil
-        return c.string ?? url
+        return c.string
     }
 }
