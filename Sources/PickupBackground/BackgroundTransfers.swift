@@ -15,7 +15,7 @@ import Darwin
 /// what is missing of its waiting downloads to a `URLSession` as download tasks, one per chunk of
 /// ``DownloadManager/backgroundChunkSize`` bytes (`Range` plus `If-Range` with the held bytes'
 /// strong validator); each chunk that lands is judged like any response and written into its
-/// partial file with a durable checkpoint (``DownloadManager/land(_:status:headers:body:)``).
+/// partial file with a durable checkpoint (``DownloadManager/land(_:status:headers:body:ifRange:)``).
 /// ``enterForeground()`` cancels what is still going, waits for chunks being written, and starts
 /// the manager, whose runs go on from the control files.
 ///
@@ -37,8 +37,16 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     private var session: URLSession!
     private let lock = NSLock()
     // Guarded by `lock`.
-    /// Tasks started and not completed, plus chunks being written.
-    private var outstanding = 0
+    /// The identifiers of the tasks started (or found at launch) and not completed.
+    private var tasks: Set<Int> = []
+    /// Tasks that completed before the launch's list of the session's tasks came (Apple).
+    private var endedEarly: Set<Int> = []
+    private var listed = false
+    /// Chunks that landed and are being written.
+    private var writing = 0
+    /// The last of the calls to ``enterBackground(chunkSize:)`` and ``enterForeground()``, which
+    /// run one after the other.
+    private var last: Task<Void, Never>?
     private var idle: [CheckedContinuation<Void, Never>] = []
     private var eventsDone: EventsDone?
     /// The session said its events were delivered before the app passed the system's handler.
@@ -72,8 +80,32 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
         #if canImport(Darwin)
         // Tasks of an earlier launch that the system still runs end here too: ``finished()``
         // waits for them.
-        session.getAllTasks { tasks in self.lock.withLock { self.outstanding += tasks.count } }
+        session.getAllTasks { found in
+            self.lock.withLock {
+                for t in found where t.state != .completed && !self.endedEarly.contains(t.taskIdentifier) {
+                    self.tasks.insert(t.taskIdentifier)
+                }
+                self.listed = true
+                self.endedEarly = []
+            }
+        }
+        #else
+        listed = true
         #endif
+    }
+
+    /// Runs `body` after the calls to enter the background or the foreground made before it.
+    private func serially<T: Sendable>(_ body: @escaping @Sendable () async -> T) async -> T {
+        let task = lock.withLock { () -> Task<T, Never> in
+            let previous = last
+            let task = Task { () -> T in
+                await previous?.value
+                return await body()
+            }
+            last = Task { _ = await task.value }
+            return task
+        }
+        return await task.value
     }
 
     /// Suspends the manager (every run checkpoints and ends), then starts a download task for each
@@ -83,6 +115,10 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     /// - Returns: the chunks started.
     @discardableResult
     public func enterBackground(chunkSize: Int64 = DownloadManager.backgroundChunkSize) async -> [BackgroundChunk] {
+        await serially { await self.handOff(chunkSize: chunkSize) }
+    }
+
+    private func handOff(chunkSize: Int64) async -> [BackgroundChunk] {
         await manager.suspend()
         // Chunks a task already asks for (an earlier call, or an earlier launch's session) are not
         // asked twice.
@@ -102,7 +138,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
             for (name, value) in r.headers { request.setValue(value, forHTTPHeaderField: name) }
             let task = session.downloadTask(with: request)
             task.taskDescription = r.chunk.taskDescription
-            lock.withLock { outstanding += 1 }
+            lock.withLock { _ = tasks.insert(task.taskIdentifier) }
             task.resume()
             started.append(r.chunk)
         }
@@ -114,6 +150,10 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     /// - Returns: ``DownloadManager/start()``'s answer.
     @discardableResult
     public func enterForeground() async -> Bool {
+        await serially { await self.comeBack() }
+    }
+
+    private func comeBack() async -> Bool {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             session.getAllTasks { tasks in
                 for task in tasks { task.cancel() }
@@ -128,7 +168,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     public func finished() async {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             let now = lock.withLock { () -> Bool in
-                if outstanding == 0 { return true }
+                if tasks.isEmpty && writing == 0 { return true }
                 idle.append(c)
                 return false
             }
@@ -160,11 +200,11 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     /// Ends the session and its tasks without waiting (the app is going away).
     public func invalidate() { session.invalidateAndCancel() }
 
-    private func ended() {
+    /// Applies `change` to the counts and wakes ``finished()``'s waiters once nothing is left.
+    private func settle(_ change: (BackgroundTransfers) -> Void) {
         let waiters = lock.withLock { () -> [CheckedContinuation<Void, Never>] in
-            outstanding -= 1
-            guard outstanding <= 0 else { return [] }
-            outstanding = 0
+            change(self)
+            guard tasks.isEmpty, writing == 0 else { return [] }
             defer { idle = [] }
             return idle
         }
@@ -185,10 +225,12 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
         guard let chunk = downloadTask.taskDescription.flatMap(BackgroundChunk.init(taskDescription:)),
             let response = downloadTask.response as? HTTPURLResponse
         else { return }
-        // The session removes `location` when this returns: the file is moved beside it first
-        // (the same directory, so a rename) and removed once its bytes are written.
-        let kept = location.path + ".pickup-landing"
-        guard rename(location.path, kept) == 0 else { return }
+        // The session removes `location` when this returns: the file is opened first (here, on
+        // the delegate's queue, not on Swift's pool), and the descriptor keeps its bytes until
+        // they are written; nothing is left behind when the process dies.
+        let fd = open(location.path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else { return }
+        let body = FileDescriptor(rawValue: fd)
         let headers = response.allHeaderFields.compactMap { (k, v) -> (name: String, value: String)? in
             guard let k = k as? String, let v = v as? String else { return nil }
             return (k, v)
@@ -198,14 +240,16 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
         // A background session follows redirects by itself (the delegate is not asked): an answer
         // from anywhere but the URL asked is never written.
         let moved = response.url.map { $0 != downloadTask.originalRequest?.url } ?? true
-        lock.withLock { outstanding += 1 }
+        lock.withLock { writing += 1 }
         let manager = manager
         Task {
             let landing = moved ? .refused("redirected: the foreground run follows redirects")
-                : await manager.land(chunk, status: status, headers: headers, body: FilePath(kept), ifRange: ifRange)
-            unlink(kept)
-            self.lock.withLock { self.landed[chunk] = landing }
-            self.ended()
+                : await manager.land(chunk, status: status, headers: headers, body: body, ifRange: ifRange)
+            try? body.close()
+            self.settle { me in
+                me.landed[chunk] = landing
+                me.writing -= 1
+            }
         }
     }
 
@@ -222,14 +266,14 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
     }
 
     public func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: Error?) {
-        if let chunk = task.taskDescription.flatMap(BackgroundChunk.init(taskDescription:)) {
-            lock.withLock {
-                if oversized.remove(chunk) != nil {
-                    landed[chunk] = .refused("the answer is longer than the range asked for (the file changed, or the server ignores ranges)")
-                }
+        let chunk = task.taskDescription.flatMap(BackgroundChunk.init(taskDescription:))
+        let id = task.taskIdentifier
+        settle { me in
+            if let chunk, me.oversized.remove(chunk) != nil {
+                me.landed[chunk] = .refused("the answer is longer than the range asked for (the file changed, or the server ignores ranges)")
             }
+            if me.tasks.remove(id) == nil, !me.listed { me.endedEarly.insert(id) }
         }
-        ended()
     }
 
     public func urlSession(_ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,

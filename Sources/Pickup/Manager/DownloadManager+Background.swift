@@ -63,17 +63,17 @@ extension DownloadManager {
     }
 
     /// Takes a chunk a background transfer brought: the answer's `status` and `headers`, its body
-    /// in the file at `body` (read, never moved or changed). Its bytes are written into the
-    /// download's partial file at their place, made durable, and then claimed by the control file;
-    /// or nothing is written (``BackgroundLanding/refused(_:)``) when the answer is not this
-    /// representation's range (`If-Range` failed: the file changed; a redirect; an error), when
-    /// the download is no longer waiting (paused, removed, running again), or when the manager
-    /// has started again. Landings run one at a time, between ``start()`` and ``suspend()``, never
-    /// beside a run of the download.
+    /// in the file open as `body` (only read, at positions; the caller closes it). Its bytes are
+    /// written into the download's partial file at their place, made durable, and then claimed by
+    /// the control file; or nothing is written (``BackgroundLanding/refused(_:)``) when the answer
+    /// is not this representation's range (`If-Range` failed: the file changed; a redirect; an
+    /// error), when the download is no longer waiting (paused, removed, running again), or when
+    /// the manager has started again. Landings run one at a time, between ``start()`` and
+    /// ``suspend()``, never beside a run of the download.
     /// `ifRange`: the `If-Range` value its request carried (the task's original request): bytes
     /// asked for another version than the one held now are refused, whatever the answer says.
     public func land(_ chunk: BackgroundChunk, status: Int, headers: [(name: String, value: String)],
-                     body: FilePath, ifRange: String?) async -> BackgroundLanding {
+                     body: FileDescriptor, ifRange: String?) async -> BackgroundLanding {
         let previous = lifeChain
         let head = ResponseHead(status: status, headers: headers)
         let task = Task { () -> BackgroundLanding in
@@ -84,7 +84,7 @@ extension DownloadManager {
         return await task.value
     }
 
-    func landNow(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath, ifRange: String?) async -> BackgroundLanding {
+    func landNow(_ chunk: BackgroundChunk, head: ResponseHead, body: FileDescriptor, ifRange: String?) async -> BackgroundLanding {
         guard !isShutDown else { return .refused("the manager is shut down") }
         guard !started else { return .refused("the manager is running: its own run fetches the range") }
         guard let d = details[chunk.id], state(of: chunk.id) == .waiting, running[chunk.id] == nil else {
@@ -112,15 +112,15 @@ extension DownloadManager {
 
     /// Writes a chunk's bytes into the partial file and claims them in the control file
     /// (blocking). Everything goes through the download directory's handle; the body file is
-    /// read only. Order: the bytes, their fsync, then the record (durable): a kill anywhere
+    /// only read. Order: the bytes, their fsync, then the record (durable): a kill anywhere
     /// leaves a record that claims only durable bytes.
-    static func write(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath, ifRange: String?, request: DownloadRequest)
+    static func write(_ chunk: BackgroundChunk, head: ResponseHead, body source: FileDescriptor, ifRange: String?, request: DownloadRequest)
         -> Result<(landed: Int64, held: Int64, total: Int64), HandOff.Refusal>
     {
-        HandOff.files.withLock { writeLocked(chunk, head: head, body: body, ifRange: ifRange, request: request) }
+        HandOff.files.withLock { writeLocked(chunk, head: head, body: source, ifRange: ifRange, request: request) }
     }
 
-    private static func writeLocked(_ chunk: BackgroundChunk, head: ResponseHead, body: FilePath, ifRange: String?,
+    private static func writeLocked(_ chunk: BackgroundChunk, head: ResponseHead, body source: FileDescriptor, ifRange: String?,
                                      request: DownloadRequest)
         -> Result<(landed: Int64, held: Int64, total: Int64), HandOff.Refusal>
     {
@@ -134,10 +134,6 @@ extension DownloadManager {
         guard ifRange == validators.ifRange else {
             return .failure(HandOff.Refusal("the chunk was asked for another version than the one held now"))
         }
-        guard let source = try? FileDescriptor.open(body, .readOnly, options: [.closeOnExec]) else {
-            return .failure(HandOff.Refusal("the transfer's file is gone"))
-        }
-        defer { try? source.close() }
         var st = stat()
         guard fstat(source.rawValue, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
             return .failure(HandOff.Refusal("the transfer's file is not a regular file"))
