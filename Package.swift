@@ -33,6 +33,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
         // RawStructuredFieldValues (already built for NIOExtras): Repr-Digest, a structured dictionary.
         .package(url: "https://github.com/apple/swift-http-structured-headers.git", from: "1.7.0"),
+        // NIOTransportServices (AsyncHTTPClient's, on Apple platforms only, as there): direct
+        // requests over Network.framework.
+        .package(url: "https://github.com/apple/swift-nio-transport-services.git", from: "1.28.0"),
     ],
     targets: [
         .target(name: "CPickupShims"),
@@ -55,6 +58,8 @@ let package = Package(
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "RawStructuredFieldValues", package: "swift-http-structured-headers"),
+                .product(name: "NIOTransportServices", package: "swift-nio-transport-services",
+                         condition: .when(platforms: [.macOS, .iOS, .tvOS, .watchOS, .macCatalyst, .visionOS])),
             ],
             // Apple's privacy manifest (required-reason APIs: file timestamps), in the target's bundle.
             resources: [.copy("PrivacyInfo.xcprivacy")]

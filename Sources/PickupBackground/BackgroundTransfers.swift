@@ -120,14 +120,17 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
 
     private func handOff(chunkSize: Int64) async -> [BackgroundChunk] {
         await manager.suspend()
-        // Chunks a task already asks for (an earlier call, or an earlier launch's session) are not
-        // asked twice.
-        let going = await withCheckedContinuation { (c: CheckedContinuation<Set<String>, Never>) in
-            session.getAllTasks { tasks in c.resume(returning: Set(tasks.compactMap(\.taskDescription))) }
+        // Bytes a task already asks for (an earlier call, or an earlier launch's session, whose
+        // chunks may have other bounds) are not asked twice.
+        let going = await withCheckedContinuation { (c: CheckedContinuation<[BackgroundChunk], Never>) in
+            session.getAllTasks { tasks in
+                c.resume(returning: tasks.filter { $0.state != .completed && $0.state != .canceling }
+                    .compactMap { $0.taskDescription.flatMap(BackgroundChunk.init(taskDescription:)) })
+            }
         }
         var room = Self.freeBytes(FileManager.default.temporaryDirectory.path) - (64 << 20)
         var started: [BackgroundChunk] = []
-        for r in await manager.backgroundRequests(chunkSize: chunkSize) where !going.contains(r.chunk.taskDescription) {
+        for r in await manager.backgroundRequests(chunkSize: chunkSize, going: going) {
             let length = r.chunk.end - r.chunk.start
             guard room >= length else { break }
             guard let url = URL(string: r.url) else { continue }
@@ -138,6 +141,11 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
             for (name, value) in r.headers { request.setValue(value, forHTTPHeaderField: name) }
             let task = session.downloadTask(with: request)
             task.taskDescription = r.chunk.taskDescription
+            #if canImport(Darwin)
+            // The system's scheduling hint (a background session runs tasks when it sees fit).
+            task.countOfBytesClientExpectsToSend = 1024
+            task.countOfBytesClientExpectsToReceive = length + 16 * 1024
+            #endif
             lock.withLock { _ = tasks.insert(task.taskIdentifier) }
             task.resume()
             started.append(r.chunk)

@@ -34,8 +34,16 @@ import TestServer
             }
             let record = ControlRecord(url: "u", target: nil, validators: nil, totalLength: total, segments: segments)
             let size = Int64(1 + pick(700))
-            let chunks = HandOff.chunks(of: record, size: size)
+            // Half the trials: chunks a task already asks for (an earlier launch's, other bounds).
+            let asked: [(start: Int64, end: Int64)] = trial % 2 == 0 ? [] : (0..<pick(4)).map { _ in
+                let a = Int64(pick(Int(total))), b = Int64(pick(Int(total) + 1))
+                return (min(a, b), max(a, b))
+            }
+            let chunks = HandOff.chunks(of: record, size: size, excluding: asked)
+            let whole = HandOff.chunks(of: record, size: .max, excluding: asked)  // (no overflow)
+            #expect(whole.reduce(0) { $0 + $1.end - $1.start } == chunks.reduce(0) { $0 + $1.end - $1.start })
             var covered = held
+            for r in asked where r.end > r.start { for b in r.start..<r.end { covered[Int(b)] = true } }
             var last: Int64 = -1
             for c in chunks {
                 #expect(c.start >= last && c.end > c.start && c.end - c.start <= size, "trial \(trial) of seed \(seed)")
@@ -45,7 +53,7 @@ import TestServer
                     covered[Int(b)] = true
                 }
             }
-            #expect(covered.allSatisfy { $0 }, "trial \(trial) of seed \(seed): a missing byte is in no chunk")
+            #expect(covered.allSatisfy { $0 }, "trial \(trial) of seed \(seed): a missing byte is in no chunk nor asked for")
             var now = segments
             for c in chunks.shuffled(using: &random).prefix(pick(chunks.count + 1)) {
                 now = HandOff.segments(holding: HandOff.held(now) + [c], total: total)

@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import NIOSSL
 import SystemPackage
 import Testing
@@ -346,6 +347,31 @@ struct TLSCloseTests {
         }
     }
 
+    /// Network.framework says little of a TLS failure (a direct request on Apple platforms): the
+    /// kind is decided by NIOSSL's own verifying handshake, tried here against nginx.
+    @Test func nioSSLsHandshakeSaysWhyACertificateFails() async throws {
+        let tls = try TLSNginx(serving: ["a": [1]])
+        defer { tls.stop() }
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let plain = TLSConfiguration.makeClientConfiguration()
+        let untrusted = await TLSFailure.verdict(host: "127.0.0.1", port: tls.nginx.port, tls: plain, on: loop)
+        #expect(untrusted == .untrusted)
+        var trusting = plain
+        trusting.additionalTrustRoots = [.certificates(HTTPClientTransport.trustRoots([tls.certificate]))]
+        let trusted = await TLSFailure.verdict(host: "127.0.0.1", port: tls.nginx.port, tls: trusting, on: loop)
+        #expect(trusted == nil)
+        // A certificate for another name, trusted: its name is what fails.
+        let site = TempDir(), keys = TempDir()
+        let (cert, key) = try makeCertificate(in: keys, for: "other.example")
+        let named = try Nginx(root: site.path.string, tls: (cert, key))
+        defer { named.stop() }
+        var trustingOther = plain
+        trustingOther.additionalTrustRoots = [.certificates(HTTPClientTransport.trustRoots([cert]))]
+        let other = await TLSFailure.verdict(host: "localhost", port: named.port, tls: trustingOther, on: loop)
+        #expect(other == .otherName, "the certificate is for other.example")
+        #expect(TLSFailure.isNetworkFramework(NIOSSLExtraError.failedToValidateHostname) == false)
+    }
+
     @Test func cutTLSConnectionsAreClosedWithoutWaitingForThePeer() async throws {
         #expect(HTTPClientTransport.tlsShutdownTimeout <= .milliseconds(50))
         let state = TempDir(), dir = TempDir()
@@ -399,5 +425,34 @@ struct TLSCloseTests {
         let mixed = HTTPClientTransport.environmentTrustRoots(["SSL_CERT_FILE": bundle, "SSL_CERT_DIR": keys.path.string])
         #expect(mixed == HTTPClientTransport.certificateFiles(in: keys.path.string) && !mixed.isEmpty)
         #endif
+    }
+}
+
+/// Which network stack a request's client runs on (Network.framework on Apple platforms only when
+/// nothing needs NIO's sockets and NIOSSL), and Network.framework's TLS failures in words. The
+/// stacks themselves are Apple's: read, not run here.
+@Suite struct NetworkStackTests {
+    @Test func networkFrameworkOnlyForDirectRequestsWithTheSystemsTrust() {
+        let proxy = try? ProxyURL(parsing: "socks5h://127.0.0.1:1080")
+        #expect(proxy != nil)
+        #expect(HTTPClientTransport.stack(networkFramework: true, available: true, proxy: nil, extraTrustRoots: false) == .network)
+        #expect(HTTPClientTransport.stack(networkFramework: true, available: true, proxy: proxy, extraTrustRoots: false) == .posix,
+                "a configured proxy is spoken to by NIO's handler, never left to the system")
+        #expect(HTTPClientTransport.stack(networkFramework: true, available: true, proxy: nil, extraTrustRoots: true) == .posix,
+                "roots added to the system's need NIOSSL")
+        #expect(HTTPClientTransport.stack(networkFramework: false, available: true, proxy: nil, extraTrustRoots: false) == .posix)
+        #expect(HTTPClientTransport.stack(networkFramework: true, available: false, proxy: nil, extraTrustRoots: false) == .posix)
+        #if os(Linux)
+        #expect(!HTTPClientTransport.networkFrameworkAvailable)
+        let t = HTTPClientTransport()
+        #expect(t.directStack == .posix && t.directLoops.count == t.loops.count)
+        #endif
+    }
+
+    @Test func networkFrameworksTLSFailuresAreSaid() {
+        for status: Int32 in [-9807, -9808, -9812, -9813, -9814, -9815] { #expect(TLSFailure(status: status) == .untrusted) }
+        #expect(TLSFailure(status: -9843) == .otherName)
+        #expect(TLSFailure(status: -9806) == .other("Security error -9806"))
+        #expect(TLSFailure(status: -9843).sentence(host: "example.com").contains("another name"))
     }
 }

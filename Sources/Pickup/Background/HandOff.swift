@@ -75,17 +75,28 @@ enum HandOff {
         return at == total
     }
 
-    /// The bytes a record does not hold, each segment's missing tail, in chunks of at most `size`.
-    static func chunks(of record: ControlRecord, size: Int64) -> [(start: Int64, end: Int64)] {
+    /// The bytes a record does not hold (each segment's missing tail) and no range of `excluding`
+    /// covers (chunks a task of this session already asks for, maybe with other bounds: an
+    /// earlier launch's plan), in chunks of at most `size`, in order.
+    static func chunks(of record: ControlRecord, size: Int64, excluding: [(start: Int64, end: Int64)] = []) -> [(start: Int64, end: Int64)] {
         let size = max(1, size)
+        let skip = RunState.merged(excluding)
         var out: [(start: Int64, end: Int64)] = []
+        var k = 0
         for s in record.segments {
             guard let end = s.end else { return [] }
             var at = s.start + max(0, min(s.done, end - s.start))
             while at < end {
-                let next = at + min(size, end - at)
-                out.append((at, next))
-                at = next
+                // The first excluded range that ends after `at`.
+                while k < skip.count, skip[k].end <= at { k += 1 }
+                if k < skip.count, skip[k].start <= at {
+                    at = min(end, skip[k].end)
+                    continue
+                }
+                var stop = at + min(size, end - at)
+                if k < skip.count { stop = min(stop, skip[k].start) }
+                out.append((at, stop))
+                at = stop
             }
         }
         return out

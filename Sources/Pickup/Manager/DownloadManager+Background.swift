@@ -18,14 +18,16 @@ extension DownloadManager {
     public static let backgroundChunkSize: Int64 = 16 << 20
 
     /// While suspended (``suspend()``): the requests for every byte missing from the downloads that
-    /// wait to run and may be handed to background transfers, in chunks of `chunkSize` bytes.
+    /// wait to run and may be handed to background transfers, in chunks of `chunkSize` bytes,
+    /// less the chunks in `going` (a task already asks for them, whatever its bounds).
     ///
     /// A download goes to the background only when nothing about it needs this process: http(s),
     /// one source (mirrors stay in the foreground), no piece hashes, no secret (credentials, a
     /// secret header field, cookies), no proxy configured (a
     /// background transfer would go where the system sends it), and bytes held with the complete
     /// length and a strong validator (the chunks' `If-Range`); the others wait for ``start()``.
-    public func backgroundRequests(chunkSize: Int64 = DownloadManager.backgroundChunkSize) async -> [BackgroundRequest] {
+    public func backgroundRequests(chunkSize: Int64 = DownloadManager.backgroundChunkSize,
+                                   going: [BackgroundChunk] = []) async -> [BackgroundRequest] {
         guard !started, !isShutDown, transportOptions.proxies.http == nil, transportOptions.proxies.https == nil,
             configuration.untrustedProxies == nil
         else { return [] }
@@ -53,7 +55,8 @@ extension DownloadManager {
                 let fields = RequestOptions.fields(for: d.url, original: d.url,
                                                    headers: RequestOptions.userHeaders(d.options.headers, for: d.url),
                                                    jar: d.options.cookies, now: now)
-                return HandOff.chunks(of: record, size: size).map { c in
+                let asked = going.filter { $0.id == d.id }.map { (start: $0.start, end: $0.end) }
+                return HandOff.chunks(of: record, size: size, excluding: asked).map { c in
                     BackgroundRequest(chunk: BackgroundChunk(id: d.id, start: c.start, end: c.end), url: url,
                                       headers: fields + [("Range", "bytes=\(c.start)-\(c.end - 1)"), ("If-Range", ifRange),
                                                          ("Accept-Encoding", "identity")])

@@ -7,6 +7,10 @@ import NIOHTTP1
 import NIOPosix
 import NIOSSL
 import SystemPackage
+#if canImport(Network) && canImport(NIOTransportServices)
+import Network
+import NIOTransportServices
+#endif
 
 /// The ``Transport`` on AsyncHTTPClient.
 ///
@@ -49,6 +53,13 @@ public final class HTTPClientTransport: Transport {
         /// Called with each request's head and each response's head as text (`-v`), numbered by
         /// request, secrets redacted (see ``Trace``); nil: nothing is shown, and nothing costs.
         public var trace: (@Sendable (String) -> Void)?
+        /// On Apple platforms, direct requests go over Network.framework (NIOTransportServices):
+        /// the system picks the path (Wi-Fi or cellular, waking the radio; VPN on demand) and
+        /// verifies TLS. Requests through a configured proxy, and every request when
+        /// ``extraTrustRoots`` is not empty (Network.framework can only replace the system's roots,
+        /// not add to them), go over NIO's sockets and NIOSSL, as everywhere else. Ignored on
+        /// other platforms. See ``HTTPClientTransport/stack(networkFramework:available:proxy:extraTrustRoots:)``.
+        public var networkFramework = true
 
         /// Default options.
         public init() {}
@@ -59,18 +70,56 @@ public final class HTTPClientTransport: Transport {
     /// another client; and the HTTP version is a client's setting, so requests that may share an
     /// HTTP/2 connection (``FetchRequest/multiplex``) have clients of their own).
     let clients: NIOLockedValueBox<[ClientKey: HTTPClient]>
+    /// Which network stack a client runs on.
+    enum Stack: Hashable, Sendable {
+        /// NIO's POSIX event loops and sockets, TLS by NIOSSL: everywhere.
+        case posix
+        /// Network.framework (NIOTransportServices' event loops), TLS by the system: Apple platforms.
+        case network
+    }
+
+    /// The stack of a request's client: Network.framework only where it is `available`, asked for
+    /// (`networkFramework`), going direct (no proxy of ours: one configured is never bypassed, and
+    /// NIO's SOCKS handler, not the system, speaks to it), and with no trust roots added to the
+    /// system's (Network.framework's TLS options take roots that replace the system's).
+    static func stack(networkFramework: Bool, available: Bool, proxy: ProxyURL?, extraTrustRoots: Bool) -> Stack {
+        available && networkFramework && proxy == nil && !extraTrustRoots ? .network : .posix
+    }
+
+    /// Whether Network.framework can be used here (Apple platforms).
+    static var networkFrameworkAvailable: Bool {
+        #if canImport(Network) && canImport(NIOTransportServices)
+        true
+        #else
+        false
+        #endif
+    }
+
+    /// The event loops of a stack.
+    static func group(_ stack: Stack) -> any EventLoopGroup {
+        #if canImport(Network) && canImport(NIOTransportServices)
+        if stack == .network { return NIOTSEventLoopGroup.singleton }
+        #endif
+        return MultiThreadedEventLoopGroup.singleton
+    }
+
     struct ClientKey: Hashable {
         let proxy: ProxyURL?
         let patience: Int
         var multiplex = false
     }
     let configuration: HTTPClient.Configuration
+    /// The stack of direct requests (a SOCKS proxy's go over ``Stack/posix``).
+    let directStack: Stack
+    /// The event loops of direct requests' clients, which ``FetchRequest/lane`` picks from (the
+    /// POSIX ones, ``loops``, unless they run on Network.framework).
+    let directLoops: [any EventLoop]
     /// Requests through HTTP proxies (absolute form, or CONNECT tunnels).
     let viaProxy: ProxyTransport
     /// `ftp://` requests.
     let ftp: FTPTransport
     let proxies: ProxyRules
-    /// The event loops, which ``FetchRequest/lane`` picks from.
+    /// NIO's POSIX event loops: proxies, FTP, TLS diagnostics, and every client on ``Stack/posix``.
     let loops: [any EventLoop]
     let budget: ReadBudget
     let defaultHeaders: HTTPHeaders
@@ -119,18 +168,18 @@ public final class HTTPClientTransport: Transport {
         // (An HTTP/2 connection reads for all its streams: the same budget.)
         config.http2ConnectionDebugInitializer = config.http1_1ConnectionDebugInitializer
         configuration = config
+        directStack = Self.stack(networkFramework: options.networkFramework, available: Self.networkFrameworkAvailable,
+                                 proxy: nil, extraTrustRoots: !extra.isEmpty)
         stallTimeout = options.stallTimeout
         maxStallTimeout = max(options.stallTimeout, options.maxStallTimeout)
-        // NIO's POSIX event loops on every platform, not `.singleton`, which on Apple platforms is a
-        // Network.framework group: its channels do not support `ChannelOptions.recvAllocator`
-        // (setting it ends in fatalError) and hand reads over in their own sizes. With a POSIX group
-        // AsyncHTTPClient takes its ClientBootstrap + NIOSSL path everywhere (certificates verified
-        // against the system's roots: SecTrust on Apple platforms), and the read budget works the
-        // same on every platform. See ARCHITECTURE.md, "Platforms".
-        let direct = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: config)
+        // Direct requests on Network.framework where it is chosen (``stack(networkFramework:available:proxy:extraTrustRoots:)``),
+        // the rest on NIO's POSIX event loops, where AsyncHTTPClient takes its ClientBootstrap +
+        // NIOSSL path. See ARCHITECTURE.md, "Platforms".
+        let direct = HTTPClient(eventLoopGroup: Self.group(directStack), configuration: Self.adapted(config, to: directStack, budget: budget))
         clients = NIOLockedValueBox([ClientKey(proxy: nil, patience: 0): direct])
         proxies = options.proxies
-        loops = Array(direct.eventLoopGroup.makeIterator())
+        loops = Array(MultiThreadedEventLoopGroup.singleton.makeIterator())
+        directLoops = directStack == .posix ? loops : Array(direct.eventLoopGroup.makeIterator())
         headTimeout = Seconds.timeAmount(options.headTimeout)
         trace = options.trace
         defaultHeaders = ["User-Agent": options.userAgent, "Accept-Encoding": "identity", "Accept": "*/*"]
@@ -154,10 +203,37 @@ public final class HTTPClientTransport: Transport {
             c.timeout.read = Seconds.timeAmount(stallTimeout(patience: patience) ?? stallTimeout)
             if let proxy { c.proxy = .socksServer(host: proxy.host, port: proxy.port) }
             if multiplex { c.httpVersion = .automatic }
-            let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: c)
+            let stack = proxy == nil ? directStack : .posix
+            let client = HTTPClient(eventLoopGroup: Self.group(stack), configuration: Self.adapted(c, to: stack, budget: budget))
             all[key] = client
             return client
         }
+    }
+
+    /// `configuration` for a client on `stack`. On Network.framework: a connection that cannot be
+    /// made fails (Network.framework would otherwise wait for connectivity until the connect
+    /// timeout, and the engine retries with its own backoff); NIO's read allocator and reads per
+    /// wake-up are not options of its channels (setting them ends in `fatalError`), so each
+    /// connection's reads are bounded by its largest receive instead, the read budget's share at
+    /// the time it connects. Certificates are verified by the system (no roots of ours: there
+    /// are none added on this stack).
+    static func adapted(_ configuration: HTTPClient.Configuration, to stack: Stack, budget: ReadBudget) -> HTTPClient.Configuration {
+        #if canImport(Network) && canImport(NIOTransportServices)
+        guard stack == .network else { return configuration }
+        var c = configuration
+        c.networkFrameworkWaitForConnectivity = false
+        // With roots set (NIOSSL's default is `.default`, not nil) AsyncHTTPClient installs a
+        // verify block that prints "Trust failed" to standard output (the data of `-o -`) and
+        // only passes or fails; without, the system verifies as for any app.
+        if c.tlsConfiguration?.certificateVerification == .fullVerification { c.tlsConfiguration?.trustRoots = nil }
+        c.http1_1ConnectionDebugInitializer = { channel in
+            channel.setOption(NIOTSChannelOptions.maximumReceiveLength, value: budget.limit)
+        }
+        c.http2ConnectionDebugInitializer = c.http1_1ConnectionDebugInitializer
+        return c
+        #else
+        return configuration
+        #endif
     }
 
     /// The certificates of these PEM files, read and parsed once, each once. Given as files,
@@ -300,9 +376,10 @@ public final class HTTPClientTransport: Transport {
         // on the next loop in turn while reusing an idle connection from any loop, and hands every
         // chunk from one loop to the other. (`.delegateAndChannel` would be exact, but opens a
         // throwaway "overflow" connection whenever none is idle on that loop.)
-        let preference: HTTPClient.EventLoopPreference =
-            request.lane.map { .delegate(on: loops[$0 % loops.count]) } ?? .indifferent
         let proxy = proxies.proxy(for: request.url)
+        let lanes = proxy == nil ? directLoops : loops
+        let preference: HTTPClient.EventLoopPreference =
+            request.lane.map { .delegate(on: lanes[$0 % lanes.count]) } ?? .indifferent
         let patience = max(0, request.patience)
         if let proxy, proxy.kind == .http {
             let stall = Seconds.timeAmount(stallTimeout(patience: patience) ?? stallTimeout)
@@ -343,9 +420,10 @@ public final class HTTPClientTransport: Transport {
             if delegate.headTimedOut.load(ordering: .relaxed) {
                 throw TransportError.protocolViolation("no complete response head within \(headTimeout.nanoseconds / 1_000_000_000) s")
             }
-            // (Its look at the certificates connects directly: never while a SOCKS proxy applies.)
+            // (Its look at the certificates connects directly: never while a SOCKS proxy applies;
+            // through NIOSSL on a POSIX loop, whatever the request's stack.)
             if proxy == nil, let tls = configuration.tlsConfiguration,
-                let explained = await TLSFailure.explain(error, url: request.url, tls: tls, on: task.eventLoop)
+                let explained = await TLSFailure.explain(error, url: request.url, tls: tls, on: loops[0])
             { throw explained }
             throw Self.classify(error, stall: stallTimeout(patience: patience), url: request.url)
         }
@@ -411,6 +489,22 @@ public final class HTTPClientTransport: Transport {
             }
         }
         let origin = url.flatMap(Origin.init)
+        #if canImport(Network) && canImport(NIOTransportServices)
+        // Network.framework's errors, as AsyncHTTPClient passes them on.
+        if let e = error as? HTTPClient.NWPOSIXError {
+            guard let origin else { return TransportError.transient("\(e)") }
+            return Self.connectionFailure(e.errorCode.rawValue, at: Self.address(origin.host, origin.port))
+        }
+        if let e = error as? NWError {
+            switch e {
+            case .dns: return TransportError.unresolved(host: origin?.host ?? "the host")
+            case .posix(let code):
+                guard let origin else { return TransportError.transient("\(e)") }
+                return Self.connectionFailure(code.rawValue, at: Self.address(origin.host, origin.port))
+            default: break
+            }
+        }
+        #endif
         if let e = error as? IOError {
             guard let origin else { return TransportError.transient(String(cString: strerror(e.errnoCode))) }
             return Self.connectionFailure(e.errnoCode, at: Self.address(origin.host, origin.port))

@@ -3,7 +3,12 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import NIOSSL
+import NIOTLS
 import X509
+#if canImport(Network) && canImport(NIOTransportServices)
+import AsyncHTTPClient
+import Network
+#endif
 
 /// A TLS failure of NIOSSL's, in words: the certificate is not trusted (self-signed, or issued by
 /// an authority not trusted here), has expired, or names another host than the one asked for;
@@ -29,6 +34,11 @@ enum TLSFailure: Equatable {
     /// dropped connection, retried and resumed like any other.
     init?(_ error: any Error) {
         if case NIOSSLError.uncleanShutdown = error { return nil }
+        #if canImport(Network) && canImport(NIOTransportServices)
+        // Network.framework's (a direct request on Apple platforms), as AsyncHTTPClient passes it on.
+        if let e = error as? HTTPClient.NWTLSError { self = Self(status: e.status); return }
+        if let e = error as? NWError, case .tls(let status) = e { self = Self(status: status); return }
+        #endif
         if let e = error as? NIOSSLExtraError, e == .failedToValidateHostname {
             self = .otherName
         } else if let e = error as? NIOSSLError {
@@ -46,6 +56,19 @@ enum TLSFailure: Equatable {
             let name = String(reflecting: type(of: error))
             guard name.contains("SSL") || name.contains("TLS") || name.contains("Certificate") else { return nil }
             self = .other("\(error)")
+        }
+    }
+
+    /// A TLS failure of Network.framework's, by its `OSStatus` (Security's `SecureTransport.h`):
+    /// the chain (`errSSLXCertChainInvalid` -9807, `errSSLBadCert` -9808, `errSSLUnknownRootCert`
+    /// -9812, `errSSLNoRootCert` -9813) or the dates (`errSSLCertExpired` -9814,
+    /// `errSSLCertNotYetValid` -9815) are not trusted; `errSSLHostNameMismatch` (-9843) is another
+    /// name; anything else is said by its number.
+    init(status: Int32) {
+        switch status {
+        case -9807, -9808, -9812, -9813, -9814, -9815: self = .untrusted
+        case -9843: self = .otherName
+        default: self = .other("Security error \(status)")
         }
     }
 
@@ -132,13 +155,79 @@ enum TLSFailure: Equatable {
     /// or names another host, said from the certificate itself; nil for any other error.
     /// The failure in words, with the certificates' own names and dates when they can be read;
     /// nil when `error` is not a certificate failure. Connects directly to the URL's host.
+    ///
+    /// Network.framework's failures (``isNetworkFramework(_:)``) say little: the kind is decided
+    /// by NIOSSL's own verifying handshake (``verdict(host:port:tls:on:)``), and said from it.
     static func explain(_ error: any Error, url: String, tls: TLSConfiguration, on loop: any EventLoop) async -> TransportError? {
-        guard let failure = TLSFailure(error), failure == .untrusted || failure == .otherName,
-            let origin = Origin(url)
-        else { return nil }
+        guard var failure = TLSFailure(error), let origin = Origin(url) else { return nil }
         let host = origin.host.hasPrefix("[") ? String(origin.host.dropFirst().dropLast()) : origin.host
+        if isNetworkFramework(error) {
+            // (NIOSSL trusts what the system did not, or cannot reach it: the system's word stands.)
+            guard let verdict = await verdict(host: host, port: origin.port, tls: tls, on: loop) else { return nil }
+            failure = verdict
+            guard failure == .untrusted || failure == .otherName else {
+                return .fatal(failure.sentence(host: origin.host, port: origin.port))
+            }
+        }
+        guard failure == .untrusted || failure == .otherName else { return nil }
         let certificates = await peerCertificates(host: host, port: origin.port, tls: tls, on: loop)
         return .fatal(failure.sentence(host: origin.host, certificates: certificates) ?? failure.sentence(host: origin.host))
+    }
+
+    /// Whether `error` is Network.framework's TLS failure (a direct request on Apple platforms).
+    /// Its `OSStatus` says little: AsyncHTTPClient's verify block, when it installs one, only
+    /// passes or fails, and the system then reports `errSSLBadCert` or `errSSLHandshakeFail`.
+    static func isNetworkFramework(_ error: any Error) -> Bool {
+        #if canImport(Network) && canImport(NIOTransportServices)
+        if error is HTTPClient.NWTLSError { return true }
+        if let e = error as? NWError, case .tls = e { return true }
+        #endif
+        return false
+    }
+
+    /// How NIOSSL's verifying handshake with `host:port` (with `tls`, which trusts the system's
+    /// roots) ends: the failure, or nil when it succeeds or does not end within 5 s.
+    static func verdict(host: String, port: Int, tls: TLSConfiguration, on loop: any EventLoop) async -> TLSFailure? {
+        guard let context = try? NIOSSLContext(configuration: tls) else { return nil }
+        let ip = (try? SocketAddress(ipAddress: host, port: port)) != nil
+        let result = loop.makePromise(of: Optional<TLSFailure>.self)
+        let done = NIOLockedValueBox(false)
+        let finish: @Sendable (TLSFailure?) -> Void = { failure in
+            if done.withLockedValue({ d in defer { d = true }; return !d }) { result.succeed(failure) }
+        }
+        let timeout = loop.scheduleTask(in: .seconds(5)) { finish(nil) }
+        let connected = ClientBootstrap(group: loop)
+            .connectTimeout(.seconds(5))
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: ip ? nil : host))
+                    try channel.pipeline.syncOperations.addHandler(HandshakeEnd(finish: finish))
+                }
+            }
+            .connect(host: host, port: port)
+        connected.whenFailure { _ in finish(nil) }
+        connected.whenSuccess { channel in channel.closeFuture.whenComplete { _ in finish(nil) } }
+        let failure = (try? await result.futureResult.get()) ?? nil
+        timeout.cancel()
+        if let channel = try? await connected.get() { try? await channel.close() }
+        return failure
+    }
+
+    /// Ends ``verdict(host:port:tls:on:)``: at the handshake's end, or at the first error.
+    final class HandshakeEnd: ChannelInboundHandler {
+        typealias InboundIn = NIOAny
+        let finish: @Sendable (TLSFailure?) -> Void
+        init(finish: @escaping @Sendable (TLSFailure?) -> Void) { self.finish = finish }
+
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if let e = event as? TLSUserEvent, case .handshakeCompleted = e { finish(nil) }
+            context.fireUserInboundEventTriggered(event)
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            finish(TLSFailure(error) ?? .other("\(error)"))
+            context.close(promise: nil)
+        }
     }
 
     /// The certificates `host:port` presents (leaf first), by a handshake that verifies nothing
