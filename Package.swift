@@ -121,6 +121,15 @@ let package = Package(
             dependencies: ["Pickup"],
             path: "Benchmarks/QueueBench"
         ),
+        // The hand-off crash test's app (a process it kills): not a product.
+        .executableTarget(
+            name: "pickup-handoff-probe",
+            dependencies: [
+                "Pickup", "PickupBackground",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ],
+            path: "Tests/HandOffProbe"
+        ),
         .target(
             name: "TestServer",
             dependencies: [

@@ -55,6 +55,9 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     /// Tasks cancelled because their answer outgrew their chunk.
     private var oversized: Set<BackgroundChunk> = []
 
+    /// Chunks fetched at once per host.
+    public static let chunksAtOnce = 4
+
     /// Transfers for `manager`'s downloads in the session named `identifier` (one per app).
     ///
     /// When the system launches the app in the background for the session's events, open the
@@ -74,6 +77,9 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
         configuration.httpShouldSetCookies = false
         configuration.urlCache = nil
         configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+        // At most this many chunks at a time per host: what a kill of the process (on Linux) or a
+        // cancellation can cost, in whole chunks (FoundationNetworking otherwise starts them all).
+        configuration.httpMaximumConnectionsPerHost = Self.chunksAtOnce
         let queue = OperationQueue()
         queue.maxConcurrentOperationCount = 1
         session = URLSession(configuration: configuration, delegate: self, delegateQueue: queue)

@@ -7,15 +7,17 @@ import TestServer
 
 /// Runs the real `pickup` binary and kills it with SIGKILL mid-download.
 enum CLI {
-    static var binary: String {
-        // The test bundle sits beside the products in .build/<config>/.
+    static var binary: String { product("pickup") ?? "pickup" }
+
+    /// The package's executable `name` as built beside the test bundle (in .build/<config>/).
+    static func product(_ name: String) -> String? {
         var dir = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
         while dir.path != "/" {
-            let candidate = dir.appendingPathComponent("pickup").path
+            let candidate = dir.appendingPathComponent(name).path
             if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
             dir = dir.deletingLastPathComponent()
         }
-        return "pickup"
+        return nil
     }
 
     /// The working directory of every `pickup` a test starts: a temporary one, so that a
