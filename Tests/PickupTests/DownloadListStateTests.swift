@@ -122,6 +122,14 @@ import Testing
             #expect(list.rows.count == 3 && list.rows[0] === one && list.rows[1] === two)
             list.apply(.removed(one.id))
             #expect(list.rows.map(\.id.rawValue) == [2, 3] && list.rows[0] === two)
+            // Events for a download not listed (removed meanwhile) redraw nothing.
+            let gone = DownloadListStateTests.info(1, .running)
+            for stale in [ManagerEvent.progress(one.id, DownloadProgress(bytesDone: 9, totalBytes: 1000, bytesPerSecond: 1)),
+                          .changed(gone), .removed(one.id)] {
+                let seen = observes({ _ = list.downloads; _ = list.totals; _ = list.isLoaded; _ = list.rows }, { list.apply(stale) })
+                #expect(!seen, "\(stale)")
+            }
+            #expect(list.downloads.map(\.id.rawValue) == [2, 3])
             await m.shutdown()
         }
     }

@@ -59,6 +59,13 @@ public final class DownloadList {
     func apply(_ event: ManagerEvent) {
         // (A notice shows nothing: not a change for what reads the list.)
         if case .notice = event { return }
+        // Nor does an event for a download not listed (one removed meanwhile): `state` is left
+        // alone, so what reads it is not redrawn for nothing.
+        switch event {
+        case .changed(let info) where state[info.id] == nil: return
+        case .progress(let id, _) where state[id] == nil, .removed(let id) where state[id] == nil: return
+        default: break
+        }
         // (`state` itself is observed by what reads `downloads`, `totals` and `isLoaded`.)
         switch state.apply(event) {
         case .none, .totals:
