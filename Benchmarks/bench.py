@@ -35,7 +35,7 @@ three URLs; not in the default set. mirrors-even (the same with three servers of
 `even_server`, that pace each connection evenly with a token bucket instead of nginx's bursts, so
 no tool can beat the ideal of 2.0 s): not in the default set.
 """
-import argparse, hashlib, http.client, json, os, random, shutil, signal, socket, ssl, statistics, subprocess, sys, \
+import argparse, hashlib, http.client, json, os, random, shlex, shutil, signal, socket, ssl, statistics, subprocess, sys, \
     tempfile, threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -245,6 +245,8 @@ def default_tools(pickup, url, out, baseline=None, ca=None):
     if baseline:
         t["pickup-before"] = [baseline] + t["pickup"][1:]
     t["curl"] = ["curl", "-sS", "-o", out, url] + trust("curl", url, ca)
+    # The same work as Pickup's: the bytes durable (fsynced) before the download counts as done.
+    t["curl + fsync"] = ["sh", "-c", " ".join(shlex.quote(w) for w in t["curl"]) + f" && sync {shlex.quote(out)}"]
     if shutil.which("wget"):
         t["wget"] = ["wget", "-q", "-O", out, url] + trust("wget", url, ca)
     if shutil.which("aria2c"):

@@ -251,4 +251,21 @@ import TestServer
             #expect(await m.backgroundRequests().isEmpty)
         }
     }
+
+    /// A server that answers ranges with the whole file (200) would send it to every chunk while
+    /// the app sleeps: its downloads stay in the foreground. The same download from a server that
+    /// serves ranges is handed off.
+    @Test func aServerThatIgnoresRangesKeepsItsDownloadInTheForeground() async throws {
+        try await ManagerFixture().run { f in
+            _ = f.serveFiles(2, size: 1_000_000, rate: 300_000, stallAfter: 200_000)
+            f.server.update("/f/0.bin") { $0.acceptRanges = false }
+            let m = try f.manager(stall: 600)
+            let whole = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+            let ranged = try await m.add(f.server.url("/f/1.bin"), to: .directory(f.dir.path))
+            await m.waitUntil { v in [whole, ranged].allSatisfy { (v[$0]?.progress.bytesDone ?? 0) > 50_000 } }
+            await m.suspend()
+            let ids = Set(await m.backgroundRequests().map(\.chunk.id))
+            #expect(ids == [ranged], "\(ids)")
+        }
+    }
 }

@@ -394,6 +394,7 @@ struct RunState {
                 if at == 0 || r.serverDigest == nil { r.serverDigest = digest }
             }
         }
+        if source == 0, record.rangesServed != true { checkpoints.update { $0.rangesServed = true } }
         sources.accepted(source, connection: connection)
         if scheduler == nil, let total { lengthKnown(total, claiming: segment) }
         // Where this response ends: the plan and later splits land there when they can.

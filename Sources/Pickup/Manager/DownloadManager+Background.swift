@@ -24,8 +24,11 @@ extension DownloadManager {
     /// A download goes to the background only when nothing about it needs this process: http(s),
     /// one source (mirrors stay in the foreground), no piece hashes, no secret (credentials, a
     /// secret header field, cookies), no proxy configured (a
-    /// background transfer would go where the system sends it), and bytes held with the complete
-    /// length and a strong validator (the chunks' `If-Range`); the others wait for ``start()``.
+    /// background transfer would go where the system sends it), bytes held with the complete
+    /// length and a strong validator (the chunks' `If-Range`), and a server that has answered a
+    /// range with a 206 (``ControlRecord/rangesServed``: one that answers ranges with the whole
+    /// file would send it to every chunk while the app sleeps, where nothing cuts it); the others
+    /// wait for ``start()``.
     public func backgroundRequests(chunkSize: Int64 = DownloadManager.backgroundChunkSize,
                                    going: [BackgroundChunk] = []) async -> [BackgroundRequest] {
         guard !started, !isShutDown, transportOptions.proxies.http == nil, transportOptions.proxies.https == nil,
@@ -49,7 +52,8 @@ extension DownloadManager {
                 guard let (directory, partial, control) = try? FileDownload.paths(for: request),
                     let dir = try? DirectoryHandle.open(directory, under: root, create: false), dir.exists(partial),
                     let record = ControlFile.load(control, in: dir), record.url == d.url, record.totalLength != nil,
-                    let ifRange = record.validators?.ifRange, record.mirrors == nil, HandOff.isTiling(record)
+                    let ifRange = record.validators?.ifRange, record.mirrors == nil, HandOff.isTiling(record),
+                    record.rangesServed == true
                 else { return [] }
                 guard let url = Self.withoutUserInformation(d.url) else { return [] }
                 let fields = RequestOptions.fields(for: d.url, original: d.url,
