@@ -192,7 +192,10 @@ import TestServer
             f.server.update("/f/0.bin") { $0.bytesPerSecond = nil; $0.faults = [] }
             let v2 = Resource.bytes(count: 2_100_000, seed: 99)
             await m.suspend()
-            f.server.change("/f/0.bin", afterRequests: f.server.requests("/f/0.bin").count + 2, to: Resource(body: v2, etag: "\"v2\"", bytesPerSecond: 400_000))
+            // (A server that ignores If-Match: If-Range and the judge are what protect the bytes.)
+            var second = Resource(body: v2, etag: "\"v2\"", bytesPerSecond: 400_000)
+            second.ignoresConditionals = true
+            f.server.change("/f/0.bin", afterRequests: f.server.requests("/f/0.bin").count + 2, to: second)
             let transfers = BackgroundTransfers(manager: m, identifier: "test-\(UUID())")
             defer { transfers.invalidate() }
             let chunks = await transfers.enterBackground(chunkSize: 256 << 10)
@@ -213,6 +216,31 @@ import TestServer
             #expect(await m.outcome(of: id)?.state == .completed)
             let same = f.dir.read("0.bin") == v2
             #expect(same, "the new version, whole")
+        }
+    }
+
+    /// The file changes on a server that honours `If-Match` (as nginx does): each chunk asked
+    /// after the change is answered 412 with no body, not the whole new file, and refused.
+    @Test func aChangedFileCostsNoBodyWhereTheServerHonoursIfMatch() async throws {
+        try await ManagerFixture().run { f in
+            _ = f.serveFiles(1, size: 2_000_000, rate: 300_000, stallAfter: 300_000)
+            let m = try f.manager(stall: 600)
+            let id = try await m.add(f.server.url("/f/0.bin"), to: .directory(f.dir.path))
+            await m.waitUntil { ($0[id]?.progress.bytesDone ?? 0) > 100_000 }
+            await m.suspend()
+            let before = f.server.requests("/f/0.bin").count
+            f.server.set("/f/0.bin", Resource(body: Resource.bytes(count: 2_100_000, seed: 98), etag: "\"v2\""))
+            let transfers = BackgroundTransfers(manager: m, identifier: "test-\(UUID())")
+            defer { transfers.invalidate() }
+            let chunks = await transfers.enterBackground(chunkSize: 256 << 10)
+            #expect(chunks.count > 3)
+            await transfers.finished()
+            let asked = f.server.requests("/f/0.bin")[before...]
+            #expect(asked.count == chunks.count && asked.allSatisfy { $0.status == 412 && $0.headers["if-match"] == "\"v1\"" },
+                    "\(asked.map { ($0.status, $0.headers["if-match"] ?? "-") })")
+            #expect(asked.reduce(0) { $0 + $1.bytesSent } == 0, "no body")
+            #expect(transfers.landings.count == chunks.count
+                    && transfers.landings.values.allSatisfy { if case .refused = $0 { true } else { false } }, "\(transfers.landings)")
         }
     }
 

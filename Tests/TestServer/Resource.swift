@@ -45,7 +45,8 @@ public struct Resource: Sendable {
     /// Requests whose `Range` starts at byte 0 send this many body bytes, then nothing more while
     /// the connection stays open (a connection that stalls near the end of its range).
     public var firstRangeStallAfter: Int?
-    /// Answer `If-None-Match` with the whole resource anyway (a server without conditional GET).
+    /// Answer `If-None-Match`, `If-Match` and `If-Unmodified-Since` as if they were not there (a
+    /// server without conditional requests).
     public var ignoresConditionals = false
     /// A load balancer in front of servers that each have their own validators for the same bytes:
     /// each new connection goes to the next one in turn, which sends the ETag (and Last-Modified)

@@ -188,6 +188,17 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         if !r.ignoresConditionals, let inm = recorded["if-none-match"], let e = r.etag, inm == e || inm == "*" {
             return Plan(status: 304, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
         }
+        // Preconditions (RFC 9110 §13.1.1, §13.1.4): a representation other than the one named is
+        // not sent (412, no body). (Dates compared as text: any other date is a change here.)
+        if !r.ignoresConditionals {
+            if let im = recorded["if-match"] {
+                let tags = im.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+                let matches = tags.contains("*") || (r.etag.map { e in !e.hasPrefix("W/") && tags.contains(e) } ?? false)
+                if !matches { return Plan(status: 412, headers: headers, body: [], fault: nil, rate: nil, logIndex: index) }
+            } else if let since = recorded["if-unmodified-since"], let lm = r.lastModified, since != lm {
+                return Plan(status: 412, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
+            }
+        }
         var status = 200
         var slice = r.body[...]
         if r.acceptRanges, fault != .ignoreRange, let range = recorded["range"], let (first, last) = parseRange(range) {

@@ -102,6 +102,16 @@ enum HandOff {
         return out
     }
 
+    /// The precondition a chunk's request carries beside `If-Range`: `If-Match` with the entity tag
+    /// (or `If-Unmodified-Since` with the date) the held bytes have. If the file changed, a server
+    /// that honours it answers 412 with no body (RFC 9110 §13.1.1, §13.1.4, evaluated before
+    /// `If-Range`), where `If-Range` alone brings the whole new file to every chunk while the app
+    /// sleeps (nothing cuts a background answer short then). A server that ignores it answers
+    /// as `If-Range` decides, which is judged as before.
+    static func precondition(ifRange: String) -> (name: String, value: String) {
+        ifRange.hasPrefix("\"") ? ("If-Match", ifRange) : ("If-Unmodified-Since", ifRange)
+    }
+
     /// The byte ranges a record holds, merged and in order.
     static func held(_ segments: [SegmentRecord]) -> [(start: Int64, end: Int64)] {
         RunState.merged(segments.compactMap { s in s.done > 0 ? (s.start, s.start + s.done) : nil })

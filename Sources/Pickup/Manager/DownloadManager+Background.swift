@@ -63,7 +63,7 @@ extension DownloadManager {
                 return HandOff.chunks(of: record, size: size, excluding: asked).map { c in
                     BackgroundRequest(chunk: BackgroundChunk(id: d.id, start: c.start, end: c.end), url: url,
                                       headers: fields + [("Range", "bytes=\(c.start)-\(c.end - 1)"), ("If-Range", ifRange),
-                                                         ("Accept-Encoding", "identity")])
+                                                         HandOff.precondition(ifRange: ifRange), ("Accept-Encoding", "identity")])
                 }
             }
         }) ?? []
