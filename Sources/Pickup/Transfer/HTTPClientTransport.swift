@@ -89,16 +89,16 @@ public final class HTTPClientTransport: Transport {
     /// Whether Network.framework can be used here (Apple platforms).
     static var networkFrameworkAvailable: Bool {
         #if canImport(Network) && canImport(NIOTransportServices)
-        true
-        #else
-        false
+        // (NIOTransportServices' floor; the package's own is above it except on watchOS and tvOS.)
+        if #available(macOS 10.14, iOS 12, tvOS 12, watchOS 6, *) { return true }
         #endif
+        return false
     }
 
     /// The event loops of a stack.
     static func group(_ stack: Stack) -> any EventLoopGroup {
         #if canImport(Network) && canImport(NIOTransportServices)
-        if stack == .network { return NIOTSEventLoopGroup.singleton }
+        if stack == .network, #available(macOS 10.14, iOS 12, tvOS 12, watchOS 6, *) { return NIOTSEventLoopGroup.singleton }
         #endif
         return MultiThreadedEventLoopGroup.singleton
     }
@@ -219,7 +219,7 @@ public final class HTTPClientTransport: Transport {
     /// are none added on this stack).
     static func adapted(_ configuration: HTTPClient.Configuration, to stack: Stack, budget: ReadBudget) -> HTTPClient.Configuration {
         #if canImport(Network) && canImport(NIOTransportServices)
-        guard stack == .network else { return configuration }
+        guard stack == .network, #available(macOS 10.14, iOS 12, tvOS 12, watchOS 6, *) else { return configuration }
         var c = configuration
         c.networkFrameworkWaitForConnectivity = false
         // With roots set (NIOSSL's default is `.default`, not nil) AsyncHTTPClient installs a
@@ -495,7 +495,7 @@ public final class HTTPClientTransport: Transport {
             guard let origin else { return TransportError.transient("\(e)") }
             return Self.connectionFailure(e.errorCode.rawValue, at: Self.address(origin.host, origin.port))
         }
-        if let e = error as? NWError {
+        if #available(macOS 10.14, iOS 12, tvOS 12, watchOS 6, *), let e = error as? NWError {
             switch e {
             case .dns: return TransportError.unresolved(host: origin?.host ?? "the host")
             case .posix(let code):

@@ -37,7 +37,10 @@ enum TLSFailure: Equatable {
         #if canImport(Network) && canImport(NIOTransportServices)
         // Network.framework's (a direct request on Apple platforms), as AsyncHTTPClient passes it on.
         if let e = error as? HTTPClient.NWTLSError { self = Self(status: e.status); return }
-        if let e = error as? NWError, case .tls(let status) = e { self = Self(status: status); return }
+        if #available(macOS 10.14, iOS 12, tvOS 12, watchOS 6, *), let e = error as? NWError, case .tls(let status) = e {
+            self = Self(status: status)
+            return
+        }
         #endif
         if let e = error as? NIOSSLExtraError, e == .failedToValidateHostname {
             self = .otherName
@@ -180,7 +183,7 @@ enum TLSFailure: Equatable {
     static func isNetworkFramework(_ error: any Error) -> Bool {
         #if canImport(Network) && canImport(NIOTransportServices)
         if error is HTTPClient.NWTLSError { return true }
-        if let e = error as? NWError, case .tls = e { return true }
+        if #available(macOS 10.14, iOS 12, tvOS 12, watchOS 6, *), let e = error as? NWError, case .tls = e { return true }
         #endif
         return false
     }
