@@ -127,7 +127,7 @@ extension FileDownload {
                         s.report(i, done: c.written)
                         rates[i] = c.rate(now: now)
                     }
-                    return s.shed(rates: rates).keeper
+                    return s.shed(rates: rates)
                 }
                 publishEnds()
                 guard let keep = keeper ?? nil else { return }

@@ -102,7 +102,7 @@ extension FileDownload {
         let positions = cursors.map { ($0.key, $0.value.written) }
         state.ranges { s in
             for (i, written) in positions { s.report(i, done: written) }
-            _ = s.cut(owners: connections)
+            s.cut(owners: connections)
         }
         publishEnds()
     }

@@ -205,38 +205,34 @@ public struct SegmentScheduler: Sendable, Equatable {
     /// it reads ends (else at its reported progress), and the rest of it becomes an unowned range:
     /// its connection stays open, idle, for the connections to come back on. The connection that keeps its range
     /// is the fastest by `rates` (bytes per second by segment), else the one with the most work
-    /// left. Returns it (nil when no connection owns a range) and the ranges whose end was
-    /// lowered, with their new end.
-    public mutating func shed(rates: [Int: Double] = [:]) -> (keeper: Int?, cut: [(segment: Int, end: Int64)]) {
+    /// left. Returns it (nil when no connection owns a range). The ends lowered are the ranges'
+    /// own (``segments``): their writers read them from there (`RunState.end(ofRange:startingAt:)`).
+    @discardableResult
+    public mutating func shed(rates: [Int: Double] = [:]) -> Int? {
         let owned = segments.indices.filter { segments[$0].owner != nil && segments[$0].remaining > 0 }
         guard let keep = owned.max(by: {
             (rates[$0] ?? 0, segments[$0].remaining) < (rates[$1] ?? 0, segments[$1].remaining)
-        }) else { return (nil, []) }
-        var cut: [(segment: Int, end: Int64)] = []
-        for i in owned where i != keep { cut.append(cutAtProgress(i, finishingResponse: true)) }
-        return (segments[keep].owner, cut)
+        }) else { return nil }
+        for i in owned where i != keep { cutAtProgress(i, finishingResponse: true) }
+        return segments[keep].owner
     }
 
     /// Every range `owners` are writing ends at its reported progress, and the rest of it becomes
-    /// an unowned range (their source was rejected: others fetch the rest). Returns the ranges
-    /// whose end was lowered, with their new end.
-    public mutating func cut(owners: Set<Int>) -> [(segment: Int, end: Int64)] {
-        var cut: [(segment: Int, end: Int64)] = []
+    /// an unowned range (their source was rejected: others fetch the rest).
+    public mutating func cut(owners: Set<Int>) {
         for i in segments.indices where segments[i].owner.map(owners.contains) == true && segments[i].remaining > 0 {
-            cut.append(cutAtProgress(i))
+            cutAtProgress(i)
         }
-        return cut
     }
 
     /// Range `i` ends at its progress, or, `finishingResponse`, where the response it reads ends
     /// (which keeps the connection open), and the rest becomes an unowned range.
-    private mutating func cutAtProgress(_ i: Int, finishingResponse: Bool = false) -> (segment: Int, end: Int64) {
+    private mutating func cutAtProgress(_ i: Int, finishingResponse: Bool = false) {
         let s = segments[i]
         var at = s.next
         if finishingResponse, let r = s.requested, r > at, r < s.end { at = r }
         segments[i].end = at
         segments.append(Segment(start: at, end: s.end, done: 0, owner: nil))
-        return (i, at)
     }
 
     /// Records progress of a range (bytes written from its start).
