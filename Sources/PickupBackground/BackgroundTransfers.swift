@@ -44,6 +44,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     private var listed = false
     /// Chunks that landed and are being written.
     private var writing = 0
+    private var beingWritten: Set<BackgroundChunk> = []
     /// The last of the calls to ``enterBackground(chunkSize:)`` and ``enterForeground()``, which
     /// run one after the other.
     private var last: Task<Void, Never>?
@@ -87,12 +88,12 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
         // Tasks of an earlier launch that the system still runs end here too: ``finished()``
         // waits for them.
         session.getAllTasks { found in
-            self.lock.withLock {
-                for t in found where t.state != .completed && !self.endedEarly.contains(t.taskIdentifier) {
-                    self.tasks.insert(t.taskIdentifier)
+            self.settle { me in
+                for t in found where t.state != .completed && !me.endedEarly.contains(t.taskIdentifier) {
+                    me.tasks.insert(t.taskIdentifier)
                 }
-                self.listed = true
-                self.endedEarly = []
+                me.listed = true
+                me.endedEarly = []
             }
         }
         #else
@@ -127,13 +128,14 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     private func handOff(chunkSize: Int64) async -> [BackgroundChunk] {
         await manager.suspend()
         // Bytes a task already asks for (an earlier call, or an earlier launch's session, whose
-        // chunks may have other bounds) are not asked twice.
-        let going = await withCheckedContinuation { (c: CheckedContinuation<[BackgroundChunk], Never>) in
+        // chunks may have other bounds), or that landed and are being written, are not asked twice.
+        let asking = await withCheckedContinuation { (c: CheckedContinuation<[BackgroundChunk], Never>) in
             session.getAllTasks { tasks in
                 c.resume(returning: tasks.filter { $0.state != .completed && $0.state != .canceling }
                     .compactMap { $0.taskDescription.flatMap(BackgroundChunk.init(taskDescription:)) })
             }
         }
+        let going = asking + lock.withLock { Array(beingWritten) }
         var room = Self.freeBytes(FileManager.default.temporaryDirectory.path) - (64 << 20)
         var started: [BackgroundChunk] = []
         for r in await manager.backgroundRequests(chunkSize: chunkSize, going: going) {
@@ -182,7 +184,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     public func finished() async {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             let now = lock.withLock { () -> Bool in
-                if tasks.isEmpty && writing == 0 { return true }
+                if listed && tasks.isEmpty && writing == 0 { return true }
                 idle.append(c)
                 return false
             }
@@ -199,7 +201,11 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     public func handleEvents(completion: @escaping () -> Void) {
         let handler = EventsDone(call: completion)
         let now = lock.withLock { () -> Bool in
-            if eventsFinished { return true }
+            if eventsFinished {
+                // (Those events are these: a later wake waits for its own.)
+                eventsFinished = false
+                return true
+            }
             eventsDone = handler
             return false
         }
@@ -218,7 +224,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     private func settle(_ change: (BackgroundTransfers) -> Void) {
         let waiters = lock.withLock { () -> [CheckedContinuation<Void, Never>] in
             change(self)
-            guard tasks.isEmpty, writing == 0 else { return [] }
+            guard listed, tasks.isEmpty, writing == 0 else { return [] }
             defer { idle = [] }
             return idle
         }
@@ -244,6 +250,9 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
         // they are written; nothing is left behind when the process dies.
         let fd = open(location.path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
         guard fd >= 0 else { return }
+        // (FoundationNetworking leaves its files behind: the name goes now, the bytes with the
+        // descriptor.)
+        unlink(location.path)
         let body = FileDescriptor(rawValue: fd)
         let headers = response.allHeaderFields.compactMap { (k, v) -> (name: String, value: String)? in
             guard let k = k as? String, let v = v as? String else { return nil }
@@ -254,7 +263,10 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
         // A background session follows redirects by itself (the delegate is not asked): an answer
         // from anywhere but the URL asked is never written.
         let moved = response.url.map { $0 != downloadTask.originalRequest?.url } ?? true
-        lock.withLock { writing += 1 }
+        lock.withLock {
+            writing += 1
+            beingWritten.insert(chunk)
+        }
         let manager = manager
         Task {
             let landing = moved ? .refused("redirected: the foreground run follows redirects")
@@ -263,6 +275,7 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
             self.settle { me in
                 me.landed[chunk] = landing
                 me.writing -= 1
+                me.beingWritten.remove(chunk)
             }
         }
     }

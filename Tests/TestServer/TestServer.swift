@@ -184,20 +184,21 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         if r.acceptRanges { headers.append(("Accept-Ranges", "bytes")) }
         for (k, v) in r.headers { headers.append((k, v)) }
         let total = r.body.count
-        // Conditional GET.
-        if !r.ignoresConditionals, let inm = recorded["if-none-match"], let e = r.etag, inm == e || inm == "*" {
-            return Plan(status: 304, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
-        }
-        // Preconditions (RFC 9110 §13.1.1, §13.1.4): a representation other than the one named is
-        // not sent (412, no body). (Dates compared as text: any other date is a change here.)
+        // Preconditions (RFC 9110 §13.1.1, §13.1.4, in §13.2.2's order: before If-None-Match): a
+        // representation other than the one named is not sent (412, no body). (Dates compared as
+        // text: any other date is a change here.)
         if !r.ignoresConditionals {
             if let im = recorded["if-match"] {
-                let tags = im.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
-                let matches = tags.contains("*") || (r.etag.map { e in !e.hasPrefix("W/") && tags.contains(e) } ?? false)
+                let matches = im.trimmingCharacters(in: .whitespaces) == "*"
+                    || (r.etag.map { e in !e.hasPrefix("W/") && Self.entityTags(im).contains(e) } ?? false)
                 if !matches { return Plan(status: 412, headers: headers, body: [], fault: nil, rate: nil, logIndex: index) }
             } else if let since = recorded["if-unmodified-since"], let lm = r.lastModified, since != lm {
                 return Plan(status: 412, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
             }
+        }
+        // Conditional GET.
+        if !r.ignoresConditionals, let inm = recorded["if-none-match"], let e = r.etag, inm == e || inm == "*" {
+            return Plan(status: 304, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
         }
         var status = 200
         var slice = r.body[...]
@@ -232,6 +233,23 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
         state.peakTotal = max(state.peakTotal, state.activeTotal)
         return Plan(status: status, headers: headers, body: slice, fault: fault, rate: rate, logIndex: index, path: path,
                     delay: r.firstByteDelay)
+    }
+
+    /// The entity tags of an `If-Match` list, each with its quotes (and `W/`): a comma inside
+    /// quotes is part of its tag.
+    static func entityTags(_ list: String) -> [String] {
+        var tags: [String] = [], current = "", quoted = false
+        for c in list {
+            if c == "\"" { quoted.toggle() }
+            if c == ",", !quoted {
+                tags.append(current.trimmingCharacters(in: .whitespaces))
+                current = ""
+            } else {
+                current.append(c)
+            }
+        }
+        tags.append(current.trimmingCharacters(in: .whitespaces))
+        return tags.filter { !$0.isEmpty }
     }
 
     static func parseRange(_ v: String) -> (Int, Int?)? {

@@ -103,11 +103,12 @@ enum HandOff {
     }
 
     /// The precondition a chunk's request carries beside `If-Range`: `If-Match` with the entity tag
-    /// (or `If-Unmodified-Since` with the date) the held bytes have. If the file changed, a server
-    /// that honours it answers 412 with no body (RFC 9110 §13.1.1, §13.1.4, evaluated before
-    /// `If-Range`), where `If-Range` alone brings the whole new file to every chunk while the app
-    /// sleeps (nothing cuts a background answer short then). A server that ignores it answers
-    /// as `If-Range` decides, which is judged as before.
+    /// (or `If-Unmodified-Since` with the date) the held bytes have. If the file changed (for a
+    /// date: was modified after it; one replaced by an older file passes), a server that honours
+    /// it answers 412 with no body (RFC 9110 §13.1.1, §13.1.4, evaluated before `If-Range`), where
+    /// `If-Range` alone brings the whole new file to every chunk while the app sleeps (nothing
+    /// cuts a background answer short then). A server that ignores it answers as `If-Range`
+    /// decides, which is judged as before.
     static func precondition(ifRange: String) -> (name: String, value: String) {
         ifRange.hasPrefix("\"") ? ("If-Match", ifRange) : ("If-Unmodified-Since", ifRange)
     }

@@ -394,7 +394,12 @@ struct RunState {
                 if at == 0 || r.serverDigest == nil { r.serverDigest = digest }
             }
         }
-        if source == 0, record.rangesServed != true { checkpoints.update { $0.rangesServed = true } }
+        if source == 0 {
+            // Served by the URL given itself: a redirect's target is not what a background
+            // transfer asks (the system would follow the redirect, and the answer be refused).
+            let served: Bool? = sources.url(0) == record.url ? true : nil
+            if record.rangesServed != served { checkpoints.update { $0.rangesServed = served } }
+        }
         sources.accepted(source, connection: connection)
         if scheduler == nil, let total { lengthKnown(total, claiming: segment) }
         // Where this response ends: the plan and later splits land there when they can.
@@ -461,6 +466,7 @@ struct RunState {
             r.validators = nil
             for i in (r.mirrors ?? []).indices { r.mirrors![i] = SourceRecord(url: r.mirrors![i].url) }
             r.writers = nil
+            r.rangesServed = nil
             reset(&r)
         }
     }

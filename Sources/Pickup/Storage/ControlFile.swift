@@ -41,9 +41,10 @@ public struct ControlRecord: Codable, Equatable, Sendable {
     /// With mirrors: which source wrote which bytes (`[start, end, source]`, merged), so that a
     /// bad piece or a failed hash is blamed on its source after a kill too.
     public var writers: [[Int64]]?
-    /// The URL's server has answered a range request with a 206 (Content-Range) for these bytes:
-    /// a range asked of it later is expected to be served as one, not as the whole file. Nil in
-    /// records written before it was kept.
+    /// The URL itself (not a redirect's target) has answered a range request with a 206
+    /// (Content-Range) for these bytes: a range asked of it later is expected to be served as
+    /// one, not as the whole file. Nil after a restart from zero, and in records written before
+    /// it was kept.
     public var rangesServed: Bool?
 
     /// A record.
