@@ -127,6 +127,11 @@ final class ManagerStore: @unchecked Sendable {
     private var db: DatabaseQueue?
     private var closed = false
     private let pendingLock = NIOLock()
+    /// Held across a whole flush (taking the pending rows and writing them): flushes write in the
+    /// order they took their rows. Without it a flush that took a row, then waited for the
+    /// database, could write it after a later flush wrote a newer one (a pause saved, then
+    /// overwritten by the row from before it: restored as waiting). Blocking-I/O threads only.
+    private let flushing = NIOLock()
     // Guarded by `pendingLock`.
     private var pending: [Int64: DownloadRow] = [:]
     private var flushQueued = false
@@ -248,6 +253,10 @@ final class ManagerStore: @unchecked Sendable {
     /// Writes the pending rows now. Rows that could not be written wait for the next write (never
     /// dropped: a pause made while another process held the database is saved later).
     func flush() throws {
+        try flushing.withLock { try flushInOrder() }
+    }
+
+    private func flushInOrder() throws {
         let rows = pendingLock.withLock { () -> [DownloadRow] in
             defer {
                 pending = [:]
