@@ -42,9 +42,9 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     /// Tasks that completed before the launch's list of the session's tasks came (Apple).
     private var endedEarly: Set<Int> = []
     private var listed = false
-    /// Chunks that landed and are being written.
-    private var writing = 0
-    private var beingWritten: Set<BackgroundChunk> = []
+    /// Chunks that landed and are being written (how many landings of each: a chunk asked twice,
+    /// across launches, may land twice).
+    private var beingWritten: [BackgroundChunk: Int] = [:]
     /// The last of the calls to ``enterBackground(chunkSize:)`` and ``enterForeground()``, which
     /// run one after the other.
     private var last: Task<Void, Never>?
@@ -135,7 +135,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
                     .compactMap { $0.taskDescription.flatMap(BackgroundChunk.init(taskDescription:)) })
             }
         }
-        let going = asking + lock.withLock { Array(beingWritten) }
+        let going = asking + lock.withLock { Array(beingWritten.keys) }
         var room = Self.freeBytes(FileManager.default.temporaryDirectory.path) - (64 << 20)
         var started: [BackgroundChunk] = []
         for r in await manager.backgroundRequests(chunkSize: chunkSize, going: going) {
@@ -184,7 +184,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     public func finished() async {
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
             let now = lock.withLock { () -> Bool in
-                if listed && tasks.isEmpty && writing == 0 { return true }
+                if listed && tasks.isEmpty && beingWritten.isEmpty { return true }
                 idle.append(c)
                 return false
             }
@@ -224,7 +224,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
     private func settle(_ change: (BackgroundTransfers) -> Void) {
         let waiters = lock.withLock { () -> [CheckedContinuation<Void, Never>] in
             change(self)
-            guard listed, tasks.isEmpty, writing == 0 else { return [] }
+            guard listed, tasks.isEmpty, beingWritten.isEmpty else { return [] }
             defer { idle = [] }
             return idle
         }
@@ -263,10 +263,7 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
         // A background session follows redirects by itself (the delegate is not asked): an answer
         // from anywhere but the URL asked is never written.
         let moved = response.url.map { $0 != downloadTask.originalRequest?.url } ?? true
-        lock.withLock {
-            writing += 1
-            beingWritten.insert(chunk)
-        }
+        lock.withLock { beingWritten[chunk, default: 0] += 1 }
         let manager = manager
         Task {
             let landing = moved ? .refused("redirected: the foreground run follows redirects")
@@ -274,8 +271,8 @@ extension BackgroundTransfers: URLSessionDownloadDelegate {
             try? body.close()
             self.settle { me in
                 me.landed[chunk] = landing
-                me.writing -= 1
-                me.beingWritten.remove(chunk)
+                let left = (me.beingWritten[chunk] ?? 1) - 1
+                me.beingWritten[chunk] = left > 0 ? left : nil
             }
         }
     }

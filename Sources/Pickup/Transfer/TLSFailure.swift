@@ -192,28 +192,39 @@ enum TLSFailure: Equatable {
     /// roots) ends: the failure, or nil when it succeeds or does not end within 5 s.
     static func verdict(host: String, port: Int, tls: TLSConfiguration, on loop: any EventLoop) async -> TLSFailure? {
         guard let context = try? NIOSSLContext(configuration: tls) else { return nil }
-        let ip = (try? SocketAddress(ipAddress: host, port: port)) != nil
-        let result = loop.makePromise(of: Optional<TLSFailure>.self)
-        let done = NIOLockedValueBox(false)
-        let finish: @Sendable (TLSFailure?) -> Void = { failure in
-            if done.withLockedValue({ d in defer { d = true }; return !d }) { result.succeed(failure) }
+        return await handshake(host: host, port: port, on: loop, otherwise: nil) { channel, hostname, finish in
+            try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: hostname))
+            try channel.pipeline.syncOperations.addHandler(HandshakeEnd(finish: finish))
         }
-        let timeout = loop.scheduleTask(in: .seconds(5)) { finish(nil) }
+    }
+
+    /// A TLS handshake with `host:port` on `loop`, bounded at 5 s: `install` adds the handlers
+    /// (given the server name to send, nil for an IP address) and calls `finish` with the answer
+    /// once; `otherwise` when the connection fails, closes first or the time runs out. The
+    /// connection is closed before it returns.
+    private static func handshake<T: Sendable>(
+        host: String, port: Int, on loop: any EventLoop, otherwise: T,
+        install: @escaping @Sendable (any Channel, String?, @escaping @Sendable (T) -> Void) throws -> Void
+    ) async -> T {
+        let hostname = (try? SocketAddress(ipAddress: host, port: port)) != nil ? nil : host
+        let result = loop.makePromise(of: T.self)
+        let done = NIOLockedValueBox(false)
+        let finish: @Sendable (T) -> Void = { value in
+            if done.withLockedValue({ d in defer { d = true }; return !d }) { result.succeed(value) }
+        }
+        let timeout = loop.scheduleTask(in: .seconds(5)) { finish(otherwise) }
         let connected = ClientBootstrap(group: loop)
             .connectTimeout(.seconds(5))
             .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: ip ? nil : host))
-                    try channel.pipeline.syncOperations.addHandler(HandshakeEnd(finish: finish))
-                }
+                channel.eventLoop.makeCompletedFuture { try install(channel, hostname, finish) }
             }
             .connect(host: host, port: port)
-        connected.whenFailure { _ in finish(nil) }
-        connected.whenSuccess { channel in channel.closeFuture.whenComplete { _ in finish(nil) } }
-        let failure = (try? await result.futureResult.get()) ?? nil
+        connected.whenFailure { _ in finish(otherwise) }
+        connected.whenSuccess { channel in channel.closeFuture.whenComplete { _ in finish(otherwise) } }
+        let value = (try? await result.futureResult.get()) ?? otherwise
         timeout.cancel()
         if let channel = try? await connected.get() { try? await channel.close() }
-        return failure
+        return value
     }
 
     /// Ends ``verdict(host:port:tls:on:)``: at the handshake's end, or at the first error.
@@ -239,30 +250,12 @@ enum TLSFailure: Equatable {
         var config = tls
         config.certificateVerification = .noHostnameVerification  // (a custom callback needs verification on)
         guard let context = try? NIOSSLContext(configuration: config) else { return [] }
-        let ip = (try? SocketAddress(ipAddress: host, port: port)) != nil
-        let result = loop.makePromise(of: [NIOSSLCertificate].self)
-        let done = NIOLockedValueBox(false)
-        let finish: @Sendable ([NIOSSLCertificate]) -> Void = { certificates in
-            if done.withLockedValue({ d in defer { d = true }; return !d }) { result.succeed(certificates) }
-        }
-        let timeout = loop.scheduleTask(in: .seconds(5)) { finish([]) }
-        let connected = ClientBootstrap(group: loop)
-            .connectTimeout(.seconds(5))
-            .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    let handler = try NIOSSLClientHandler(context: context, serverHostname: ip ? nil : host) { certificates, verdict in
-                        finish(certificates)
-                        verdict.succeed(NIOSSLVerificationResult.failed)
-                    }
-                    try channel.pipeline.syncOperations.addHandler(handler)
-                }
+        return await handshake(host: host, port: port, on: loop, otherwise: []) { channel, hostname, finish in
+            let handler = try NIOSSLClientHandler(context: context, serverHostname: hostname) { certificates, verdict in
+                finish(certificates)
+                verdict.succeed(NIOSSLVerificationResult.failed)
             }
-            .connect(host: host, port: port)
-        connected.whenFailure { _ in finish([]) }
-        connected.whenSuccess { channel in channel.closeFuture.whenComplete { _ in finish([]) } }
-        let certificates = (try? await result.futureResult.get()) ?? []
-        timeout.cancel()
-        if let channel = try? await connected.get() { try? await channel.close() }
-        return certificates
+            try channel.pipeline.syncOperations.addHandler(handler)
+        }
     }
 }
