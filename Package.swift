@@ -36,6 +36,9 @@ let package = Package(
         // NIOTransportServices (AsyncHTTPClient's, on Apple platforms only, as there): direct
         // requests over Network.framework.
         .package(url: "https://github.com/apple/swift-nio-transport-services.git", from: "1.28.0"),
+        // Subprocess: the hooks' processes (a process group each, SIGTERM then SIGKILL). It declares
+        // no iOS: only the daemon's target, which is never built for iOS, depends on it.
+        .package(url: "https://github.com/swiftlang/swift-subprocess.git", from: "1.0.2"),
     ],
     targets: [
         .target(name: "CPickupShims"),
@@ -91,6 +94,7 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "Subprocess", package: "swift-subprocess", condition: .when(platforms: [.macOS, .linux])),
             ],
             resources: [.copy("Web"), .copy("openapi.json")]
         ),
@@ -100,6 +104,9 @@ let package = Package(
                 "Pickup",
                 "PickupDaemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                // SIGINT and SIGTERM as an async sequence (already built for the daemon's ServiceGroup).
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ],
             // The Swift runtime and Foundation linked in, as `--static-swift-stdlib` does: a start-up
             // without loading and relocating a dozen shared libraries (10 -> 6 ms for `--version`),

@@ -139,55 +139,6 @@ void pickup_unmap_guarded(void *base, size_t length) {
 
 long pickup_guarded_faults(void) { return atomic_load(&guard_faults); }
 
-// MARK: - Hooks
-
-#if defined(__APPLE__)
-#include <TargetConditionals.h>
-#endif
-#if defined(__linux__) || (defined(__APPLE__) && TARGET_OS_OSX)
-#include <spawn.h>
-
-int pickup_spawn_hook(const char *path, char *const argv[], char *const envp[], pid_t *pid) {
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_t actions;
-    int r = posix_spawnattr_init(&attr);
-    if (r != 0) return r;
-    r = posix_spawn_file_actions_init(&actions);
-    if (r != 0) {
-        posix_spawnattr_destroy(&attr);
-        return r;
-    }
-    short flags = POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
-#if defined(__APPLE__)
-    flags |= POSIX_SPAWN_CLOEXEC_DEFAULT;
-#endif
-    sigset_t defaults, none;
-    sigemptyset(&defaults);
-    int reset[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD, SIGUSR1, SIGUSR2, SIGALRM, SIGBUS};
-    for (unsigned i = 0; i < sizeof reset / sizeof reset[0]; i++) sigaddset(&defaults, reset[i]);
-    sigemptyset(&none);
-    if ((r = posix_spawnattr_setflags(&attr, flags)) == 0
-        && (r = posix_spawnattr_setpgroup(&attr, 0)) == 0
-        && (r = posix_spawnattr_setsigdefault(&attr, &defaults)) == 0
-        && (r = posix_spawnattr_setsigmask(&attr, &none)) == 0
-        && (r = posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)) == 0
-        && (r = posix_spawn_file_actions_adddup2(&actions, 2, 1)) == 0) {
-#if defined(__APPLE__)
-        r = posix_spawn_file_actions_addinherit_np(&actions, 2);
-#elif defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-        r = posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-#endif
-        if (r == 0) r = posix_spawn(pid, path, &actions, &attr, argv, envp);
-    }
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    return r;
-}
-#else
-// No processes to start on iOS, tvOS and watchOS.
-int pickup_spawn_hook(const char *path, char *const argv[], char *const envp[], pid_t *pid) { return ENOTSUP; }
-#endif
-
 #include <sys/ioctl.h>
 int pickup_terminal_size(int fd, int *columns, int *rows) {
     struct winsize w;

@@ -140,7 +140,7 @@ struct Batch {
         let signals = trap ?? SignalTrap()
         let hooks = get.hookFlags.runner()
         // A signal stops the batch and any hook running (with its process group).
-        signals.onSignal { _ in
+        await signals.onSignal { _ in
             hooks?.stop()
             Task { await manager.shutdown() }
         }

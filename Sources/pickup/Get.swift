@@ -1,8 +1,10 @@
 import ArgumentParser
 import Foundation
+import NIOConcurrencyHelpers
 import Pickup
 import PickupDaemon
 import SystemPackage
+import UnixSignals
 
 struct Get: AsyncParsableCommand {
     // Every command names itself: otherwise ArgumentParser derives the name with
@@ -171,7 +173,7 @@ struct Get: AsyncParsableCommand {
 
         let task = Task { try await downloader.download(request) { display.handle($0) } }
         // A signal stops the download, or the hook running after it (with its process group).
-        signals.onSignal { _ in
+        await signals.onSignal { _ in
             task.cancel()
             hooks?.stop()
         }
@@ -331,36 +333,40 @@ struct EngineFlags: ParsableArguments {
 }
 
 /// Turns SIGINT and SIGTERM into a callback (once), so the download can checkpoint and exit.
-final class SignalTrap: @unchecked Sendable {
-    private let lock = NSLock()
-    private var sources: [DispatchSourceSignal] = []
-    private var handlers: [@Sendable (Int32) -> Void] = []
-    private var signal: Int32?
+/// The signals are watched through ServiceLifecycle's `UnixSignalsSequence` (dispatch sources,
+/// registered before ``onSignal(_:)`` returns); their default actions are ignored first, so that
+/// no signal ends the process between that and the registration.
+final class SignalTrap: Sendable {
+    private struct State {
+        var handlers: [@Sendable (Int32) -> Void] = []
+        var signal: Int32?
+        var watching = false
+    }
+    private let state = NIOLockedValueBox(State())
 
-    var received: Int32? { lock.withLock { signal } }
+    var received: Int32? { state.withLockedValue { $0.signal } }
 
     /// Calls `handler` at the first SIGINT or SIGTERM, or at once when one came already (a
     /// single download that turned into a batch hands its trap on: no signal falls between).
-    func onSignal(_ handler: @escaping @Sendable (Int32) -> Void) {
-        let already = lock.withLock { () -> Int32? in
-            if signal == nil { handlers.append(handler) }
-            return signal
+    func onSignal(_ handler: @escaping @Sendable (Int32) -> Void) async {
+        let (already, start) = state.withLockedValue { s -> (Int32?, Bool) in
+            defer { s.watching = true }
+            if s.signal == nil { s.handlers.append(handler) }
+            return (s.signal, !s.watching)
         }
         if let already { return handler(already) }
-        guard lock.withLock({ sources.isEmpty }) else { return }
-        for sig in [SIGINT, SIGTERM] {
-            Foundation.signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { [self] in
-                let first = lock.withLock { () -> [@Sendable (Int32) -> Void] in
-                    guard signal == nil else { return [] }
-                    signal = sig
-                    return handlers
+        guard start else { return }
+        for sig in [SIGINT, SIGTERM] { Foundation.signal(sig, SIG_IGN) }
+        let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
+        Task {
+            for await sig in signals {
+                let first = state.withLockedValue { s -> [@Sendable (Int32) -> Void] in
+                    guard s.signal == nil else { return [] }
+                    s.signal = sig.rawValue
+                    return s.handlers
                 }
-                for handler in first { handler(sig) }
+                for handler in first { handler(sig.rawValue) }
             }
-            source.resume()
-            lock.withLock { sources.append(source) }
         }
     }
 }

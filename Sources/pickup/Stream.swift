@@ -21,7 +21,7 @@ extension Get {
         let task = Task {
             try await downloader.stream(request, write: { try FileDescriptor.standardOutput.writeAll($0) }) { display.handle($0) }
         }
-        signals.onSignal { _ in task.cancel() }
+        await signals.onSignal { _ in task.cancel() }
         let result = await task.result
         await downloader.shutdown()
         display.clear()

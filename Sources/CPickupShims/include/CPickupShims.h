@@ -26,12 +26,6 @@ void *pickup_map_guarded(int fd, size_t length);
 void pickup_unmap_guarded(void *base, size_t length);
 /// How many faults in guarded mappings were absorbed since the process started.
 long pickup_guarded_faults(void);
-/// Starts `path` as a hook: in a process group of its own (so that a timeout can stop everything it
-/// started), with every signal at its default action and none blocked, standard input from
-/// /dev/null, standard output and standard error both to this process's standard error, and no
-/// other descriptor of this process (Linux: closefrom in the child; Darwin:
-/// POSIX_SPAWN_CLOEXEC_DEFAULT). Returns 0 with the pid, or an errno.
-int pickup_spawn_hook(const char *path, char *const argv[], char *const envp[], pid_t *pid);
 /// The size of the terminal at `fd` (TIOCGWINSZ): 0 with its columns and rows, or -1 with errno
 /// set (not a terminal).
 int pickup_terminal_size(int fd, int *columns, int *rows);
