@@ -101,11 +101,19 @@ import Testing
                     writers[i] = max(end, s.segments[i].start)
                 }
             }
+            /// The writers as the engine hands them to the state's events (no speeds: no clock here).
+            func sampled() -> [Int: RunState.Writer] {
+                writtenByRange().reduce(into: [:]) { all, w in
+                    let position = writers[w.key] ?? 0
+                    all[w.key] = RunState.Writer(written: w.value, position: position, beganAt: position, began: 0, rate: nil)
+                }
+            }
+            /// A round starts and its first response (a 206 with the length) plans the ranges.
             func startFresh() {
-                state.describe { $0.validators = validators; $0.totalLength = total }
                 writers[0] = state.record.segments[0].start + state.record.segments[0].done
-                state.lengthKnown(total, claiming: 0)
-                state.ranges { $0.plan(connections: connections) }
+                state.newRound(connections: connections)
+                _ = state.partialResponse(segment: 0, at: writers[0]!, total: total, validators: validators, digest: nil,
+                                          connections: connections)
             }
             startFresh()
 
@@ -120,16 +128,11 @@ import Testing
                     writers[i] = pos + n
                 case 3:  // a connection asks for work
                     let id = pick(connections)
-                    let reported = writtenByRange()
-                    let a = state.ranges { s -> SegmentScheduler.Assignment? in
-                        for (i, w) in reported where s.segments.indices.contains(i) { s.report(i, done: w) }
-                        return s.next(for: id, rates: [:], thiefRate: nil, connections: connections, quiet: [:])
-                    } ?? nil
+                    let a = state.assign(id, unownedOnly: pick(4) == 0, writers: sampled(), now: 0, connections: connections)
                     publishEnds()
-                    if let a, let s = state.scheduler { writers[a.segment] = s.segments[a.segment].next }
+                    if let a { writers[a.segment] = a.next }
                 case 4:  // a connection gives its range back
-                    let id = pick(connections)
-                    state.ranges { $0.release(id) }
+                    state.connectionLeft(pick(connections))
                 case 5:  // a checkpoint: the record is taken now, the fsync and store come later
                     if pending == nil {
                         pending = (state.checkpoint(written: writtenByRange()), disk.written)
@@ -140,11 +143,7 @@ import Testing
                         store(action, fsynced: synced)
                     }
                 case 7:  // the tuner sheds to one connection
-                    let reported = writtenByRange()
-                    state.ranges { s in
-                        for (i, w) in reported where s.segments.indices.contains(i) { s.report(i, done: w) }
-                        _ = s.shed(rates: [:])
-                    }
+                    state.shedConnections(writers: sampled())
                     publishEnds()
                 case 8:  // the representation changed: everything is discarded
                     if pick(4) == 0 {

@@ -120,18 +120,8 @@ extension FileDownload {
         case .shed?:
             // Said once decided (above): a trial the tuner takes back (restore) is not news.
             lock.withLock {
-                let now = Clock.monotonic()
-                let keeper = state.ranges { s -> Int? in
-                    var rates: [Int: Double] = [:]
-                    for (i, c) in cursors {
-                        s.report(i, done: c.written)
-                        rates[i] = c.rate(now: now)
-                    }
-                    return s.shed(rates: rates)
-                }
+                state.shedConnections(writers: writers())
                 publishEnds()
-                guard let keep = keeper ?? nil else { return }
-                state.shed(keeping: keep)
             }
         case .restore?:
             // The connections shed finished their responses and wait, open, to be taken again.

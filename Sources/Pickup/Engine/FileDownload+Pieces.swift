@@ -77,11 +77,9 @@ extension FileDownload {
             for (a, b) in bad {
                 guard let s = state.soleWriter(of: a, b, writing: writing) else { continue }
                 blamed.insert(s)
-                if state.onSources({ $0.badPiece(s) }),
-                    let notice = state.reject(s, why: "\(state.sources.sources[s].badPieces) pieces it sent failed their hash")
-                {
+                if let notice = state.badPiece(from: s, writers: writers()) {
                     notices.append(notice)
-                    stopWriting(from: s)
+                    publishEnds()
                 }
             }
             // (Bad pieces that a source rejected already was still sending are not news.)
@@ -91,20 +89,6 @@ extension FileDownload {
         let from = blamed.isEmpty ? "" : " (sent by \(blamed.joined(separator: ", ")))"
         if !known { onEvent(.notice("\(bad.count) of \(count) pieces failed their \(pieces.algorithm.rawValue) hash\(from)\(after)")) }
         for notice in notices { onEvent(.notice(notice)) }
-    }
-
-    /// The ranges `source`'s connections are writing end where they are, and the rest goes back to
-    /// the scheduler for the other sources (a source rejected while it sends writes no more than
-    /// the chunk in hand). With `lock` held.
-    func stopWriting(from source: Int) {
-        let connections = state.sources.sources[source].connections
-        guard !connections.isEmpty else { return }
-        let positions = cursors.map { ($0.key, $0.value.written) }
-        state.ranges { s in
-            for (i, written) in positions { s.report(i, done: written) }
-            s.cut(owners: connections)
-        }
-        publishEnds()
     }
 
     /// Checks every piece against its hash (``DownloadRequest/pieces``) once every byte is held
@@ -193,7 +177,7 @@ extension FileDownload {
                 defer { search = nil }
                 guard let bad = search?.current else { return nil }
                 let url = DownloadURL.redacted(state.sources.sources[bad].url)
-                state.onSources { $0.suspend(nil) }
+                state.suspend(nil)
                 let notice = state.reject(bad, why: "its bytes did not match the \(expected.algorithm.rawValue) hash; its share was fetched from the others")
                 return notice ?? "mirror \(url) sent bytes that do not match the \(expected.algorithm.rawValue) hash"
             }
@@ -202,7 +186,7 @@ extension FileDownload {
         }
         let next = lock.withLock { () -> (source: Int, ranges: [(start: Int64, end: Int64)])? in
             var s = search ?? BadSourceSearch(suspects: nil, current: nil)
-            state.onSources { $0.suspend(nil) }
+            state.suspend(nil)
             if s.suspects == nil {
                 let unknown = state.unattributed(total: record.totalLength ?? 0)
                 if search == nil, !unknown.isEmpty {
@@ -225,7 +209,7 @@ extension FileDownload {
             s.tried.insert(source)
             s.current = source
             search = s
-            state.onSources { $0.suspend(source) }
+            state.suspend(source)
             return (source, s.written[source] ?? [])
         }
         // Nothing left to suspect: the finish says the hash failed.

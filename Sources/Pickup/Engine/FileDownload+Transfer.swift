@@ -109,21 +109,11 @@ extension FileDownload {
         let asked = lock.withLock {
             conditional?.1.source.flatMap { u in state.sources.sources.firstIndex { $0.url == u } } ?? 0
         }
-        let bound = lock.withLock { () -> Bool in
-            state.onSources { s in
-                if id == 0, !s.isRetired(asked), s.sources[asked].badPieces == 0 || s.pick(avoiding: asked) == nil {
-                    s.bind(0, to: asked)
-                    return true
-                }
-                return s.bind(id) != nil
-            }
-        }
-        guard bound else { return }
-        defer { lock.withLock { state.onSources { $0.unbind(id) } } }
+        guard lock.withLock({ state.connectionStarted(id, asking: asked) }) else { return }
+        defer { lock.withLock { state.connectionLeft(id) } }
         var conditional = conditional
         if lock.withLock({ state.sources.source(of: id) }) != asked { conditional = nil }
         var cursor: SegmentCursor? = id == 0 ? firstCursor() : assign(id)
-        defer { lock.withLock { _ = state.ranges { $0.release(id) } } }
         while true {
             while let c = cursor {
                 switch try await fetchRange(id, cursor: c, file: file, conditional: conditional) {
@@ -171,82 +161,35 @@ extension FileDownload {
     }
 
     /// The next range for connection `id`, splitting another connection's range if need be (`unownedOnly`:
-    /// only a range no connection has).
+    /// only a range no connection has): ``RunState/assign(_:unownedOnly:writers:now:connections:)``,
+    /// its ends copied to the writers.
     func assign(_ id: Int, unownedOnly: Bool = false) -> SegmentCursor? {
         lock.withLock {
-            guard state.scheduler != nil else { return nil }
-            if let keeper = state.alone ?? state.keeper, keeper != id {
-                state.ranges { $0.release(id) }
-                return nil
-            }
-            let now = Clock.monotonic()
-            let (rates, ownRate, quiet) = observe(for: id, now: now)
-            // (After `observe`, which reports every range's progress: a finished range whose last
-            // bytes were not reported yet is not work.)
-            if unownedOnly, state.scheduler?.hasUnowned != true {
-                state.ranges { $0.release(id) }
-                return nil
-            }
-            // The thief is expected to go as fast as it did on the range it just finished; a
-            // connection with no history yet, as fast as the fastest live one.
-            guard let a = state.ranges({ s in
-                s.next(for: id, rates: rates, thiefRate: ownRate ?? rates.values.max(), connections: options.connections, quiet: quiet)
-            }) ?? nil, let s = state.scheduler else { return nil }
+            guard let a = state.assign(id, unownedOnly: unownedOnly, writers: writers(), now: Clock.monotonic(),
+                                       connections: options.connections)
+            else { return nil }
             publishEnds()
-            if let (victim, _) = a.shrunk {
-                // A stalled range taken over whole (the endgame) is asked of another source if one has room.
-                if s.segments[victim].remaining == 0, let owner = s.segments[victim].owner,
-                    let slow = state.sources.source(of: owner)
-                {
-                    state.onSources { $0.takeOver(id, from: slow) }
-                }
-            }
-            let seg = s.segments[a.segment]
-            let cursor = SegmentCursor(segment: a.segment, start: seg.start, position: seg.next, end: seg.end, in: cursorFile)
+            let cursor = SegmentCursor(segment: a.segment, start: a.start, position: a.next, end: a.end, in: cursorFile)
             cursors[a.segment] = cursor
             return cursor
         }
     }
 
-    /// Reports every range's progress to `s` and measures, by segment, the speed of the other
-    /// connections, the speed of `id`'s own last range, and, once a request's latency is known, how
-    /// long each other range that has received bytes in this run has not moved (zero if it just
-    /// did). With `lock` held.
-    func observe(for id: Int, now: Double) -> (rates: [Int: Double], own: Double?, quiet: [Int: SegmentScheduler.Quiet]) {
-        var rates: [Int: Double] = [:]
-        var own: Double? = nil
-        var quiet: [Int: SegmentScheduler.Quiet] = [:]
-        let positions = cursors.map { ($0.key, $0.value.written, $0.value.position.load(ordering: .relaxed)) }
-        state.ranges { s in for (i, written, _) in positions { s.report(i, done: written) } }
-        guard let s = state.scheduler else { return (rates, own, quiet) }
-        for (i, c) in cursors where s.segments.indices.contains(i) {
-            let position = c.position.load(ordering: .relaxed)
-            state.saw(i, at: position, now: now)
-            if let since = state.lastSeen[i]?.since, position > c.beganAt, s.segments[i].owner != id, let latency = state.latency {
-                let rate = Double(position - c.beganAt) / max(since - c.began, 0.001)
-                quiet[i] = .init(seconds: now - since, rate: rate, latency: latency)
-            }
-            guard let owner = s.segments[i].owner, let r = c.rate(now: now) else { continue }
-            if owner == id { own = r } else { rates[i] = r }
+    /// What the writers have written, by range, as the state reads it. With `lock` held.
+    func writers(now: Double = Clock.monotonic()) -> [Int: RunState.Writer] {
+        cursors.mapValues { c in
+            RunState.Writer(written: c.written, position: c.position.load(ordering: .relaxed), beganAt: c.beganAt, began: c.began,
+                            rate: c.rate(now: now))
         }
-        return (rates, own, quiet)
     }
 
     /// Seconds until a range could count as stalled for the scheduler's endgame, if it does not
-    /// move by then; nil when there is no range to wait on (none left, or shed to another
-    /// connection). A connection out of work waits that long and asks again.
+    /// move by then; nil when there is no range to wait on. A connection out of work waits that
+    /// long and asks again.
     func endgameWait(_ id: Int) -> Double? {
         lock.withLock {
-            guard let before = state.scheduler, !before.isComplete, state.keeper == nil || state.keeper == id,
-                state.alone == nil || state.alone == id
-            else { return nil }
-            let quiet = observe(for: id, now: Clock.monotonic()).quiet
-            guard let s = state.scheduler else { return nil }
-            let waits = quiet.compactMap { i, q -> Double? in
-                let seg = s.segments[i]
-                return seg.owner != nil && seg.remaining > 0 ? q.stallTime(remaining: seg.remaining) - q.seconds : nil
-            }
-            return waits.min().map { max(0.001, $0) }
+            let now = Clock.monotonic()
+            return state.endgameWait(id, writers: writers(now: now), now: now)
         }
     }
 
@@ -288,7 +231,7 @@ extension FileDownload {
         }
         /// Goes on with the best source with room; false when none has room (the connection leaves).
         func moveOn() -> Bool {
-            guard let to = lock.withLock({ state.onSources { $0.bind(id) } }) else { return false }
+            guard let to = lock.withLock({ state.moveOn(id) }) else { return false }
             move(to: to)
             return true
         }
@@ -311,11 +254,7 @@ extension FileDownload {
             // Bytes held from an earlier run are confirmed first, by a source that can (its strong
             // validator in If-Range); one that never answered could send another version's bytes.
             if several, cursor.position.load(ordering: .relaxed) > 0, validators?.ifRange == nil, !confirmed {
-                let to = lock.withLock { () -> Int? in
-                    guard let c = state.sources.live.first(where: { record.validators(of: $0)?.ifRange != nil }) else { return nil }
-                    state.onSources { $0.bind(id, to: c) }
-                    return c
-                }
+                let to = lock.withLock { state.confirmingSource(for: id) }
                 guard let to else { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
                 move(to: to)
                 (validators, total) = lock.withLock { (record.validators(of: source), record.totalLength) }
@@ -349,8 +288,7 @@ extension FileDownload {
                     let seconds = Clock.monotonic() - began
                     lock.withLock {
                         let epoch = inFlight.removeValue(forKey: id)?.epoch
-                        state.onSources { $0.measured(asked, bytes: to - from, seconds: seconds) }
-                        if epoch == record.epoch { state.wrote(from, to, by: asked) }
+                        state.attemptEnded(source: asked, wrote: from, to: to, seconds: seconds, sameRepresentation: epoch == record.epoch)
                     }
                 }
             }
@@ -441,7 +379,7 @@ extension FileDownload {
                 if let tooMany = attempt.redirected() { throw tooMany }
                 url = try resolveRedirect(location, from: url)
                 // Further requests to this source start there (one source: the first connection's say).
-                if several || id == 0 { lock.withLock { state.onSources { $0.redirected(source, to: url) } } }
+                if several || id == 0 { lock.withLock { state.redirected(source, to: url) } }
                 continue
             case .retry(let after, let why)?:
                 failure = Attempt.Failure(message: why, busy: sink.status == 503 || sink.status == 429, retryAfter: after)
@@ -451,7 +389,7 @@ extension FileDownload {
                     url = given
                     continue
                 }
-                if several, let notice = lock.withLock({ state.onSources { $0.retire(source, why: why) } }) {
+                if several, let notice = lock.withLock({ state.refused(source, why: why) }) {
                     onEvent(.notice(notice))
                     guard moveOn() else { return .retired }
                     continue
@@ -464,19 +402,7 @@ extension FileDownload {
             if case .askSources(let f, let tooLong) = next {
                 // Several sources: a busy one (503, too many connections) takes no more, a failing
                 // one is left for another with room, and one that keeps failing is retired.
-                let (answer, notice) = lock.withLock { () -> (SourceSet.Next, String?) in
-                    let others = state.activeConnections > 1
-                    return state.onSources { s in
-                        if tooLong, let retired = s.retire(source, moving: id, why: "\(f.message); it asks to retry after \(f.retryAfter ?? 0) s") {
-                            return retired
-                        }
-                        guard f.busy else { return s.failed(source, connection: id, why: f.message) }
-                        // A busy answer says how many it takes: said once per change, not per connection.
-                        let cap = s.sources[source].cap
-                        let (next, retired) = s.busy(source, connection: id, othersFetching: others, why: f.message)
-                        return (next, retired ?? (s.sources[source].cap < cap ? s.capNotice(source) : nil))
-                    }
-                }
+                let (answer, notice) = lock.withLock { state.attemptFailed(source: source, connection: id, f, tooLong: tooLong) }
                 if let notice { onEvent(.notice(notice)) }
                 switch answer {
                 case .retry:

@@ -160,10 +160,6 @@ struct RunState {
         if merged != (record.writers ?? []) { checkpoints.update { $0.writers = merged.isEmpty ? nil : merged } }
     }
 
-    /// Changes the sources' run-time state.
-    @discardableResult
-    mutating func onSources<T>(_ change: (inout SourceSet) -> T) -> T { change(&sources) }
-
     /// Source `i` sent bytes that are not this file's (`why`): retired (and, for a mirror, remembered
     /// in the record) while another is live. Returns the notice, nil when it is the last live one.
     /// A mirror whose answer shows `otherFile` is said to be another file than the URL given first.
@@ -357,9 +353,10 @@ struct RunState {
     func connectionsAllowed(_ wanted: Int) -> Int { alone == nil ? wanted : 1 }
 
     /// Changes the ranges (plan, split, shed, claim, release, progress reports), then projects
-    /// their shape into the record. Returns what `change` returns; nil without ranges.
+    /// their shape into the record. Returns what `change` returns; nil without ranges. (Private:
+    /// the ranges change only through the named events.)
     @discardableResult
-    mutating func ranges<T>(_ change: (inout SegmentScheduler) -> T) -> T? {
+    private mutating func ranges<T>(_ change: (inout SegmentScheduler) -> T) -> T? {
         guard var s = scheduler else { return nil }
         let result = change(&s)
         let shapeChanged = s.segments.count != scheduler!.segments.count
@@ -480,6 +477,193 @@ struct RunState {
 
     /// The run is over: nothing is written from now on.
     mutating func end() { checkpoints.end() }
+
+    // MARK: - Connections, as events
+
+    /// What the engine sees of one range's writer when an event needs it (read from the writer's
+    /// cursor, the atomics that are the I/O edge): how far it has written and how fast it goes.
+    struct Writer: Equatable {
+        /// Bytes written in the range, from its start.
+        var written: Int64
+        /// The next byte the writer writes.
+        var position: Int64
+        /// Where and when the writer's connection started on this range.
+        var beganAt: Int64
+        var began: Double
+        /// Bytes per second since it started (nil before there is anything to measure).
+        var rate: Double?
+    }
+
+    /// A range given to a connection: its index, its first byte, where its writer goes on and
+    /// where it ends.
+    struct Assignment: Equatable {
+        var segment: Int
+        var start: Int64
+        var next: Int64
+        var end: Int64
+    }
+
+    /// Connection `id` starts: it asks source `asked` (the URL given first, or the source a
+    /// finished file's validators are from) unless that one is retired or sent a bad piece while
+    /// another can be asked, else the best source with room. False when no source has room.
+    mutating func connectionStarted(_ id: Int, asking asked: Int) -> Bool {
+        if id == 0, sources.sources.indices.contains(asked), !sources.isRetired(asked),
+            sources.sources[asked].badPieces == 0 || sources.pick(avoiding: asked) == nil
+        {
+            sources.bind(0, to: asked)
+            return true
+        }
+        return sources.bind(id) != nil
+    }
+
+    /// Connection `id` ended: its source has room again and its range no owner.
+    mutating func connectionLeft(_ id: Int) {
+        sources.unbind(id)
+        ranges { $0.release(id) }
+    }
+
+    /// Connection `id` leaves its source for the best other one with room; nil when none has room.
+    mutating func moveOn(_ id: Int) -> Int? { sources.bind(id) }
+
+    /// Connection `id` moves to a source that can confirm the bytes held from an earlier run (one
+    /// with a strong validator for `If-Range`); nil when none is live.
+    mutating func confirmingSource(for id: Int) -> Int? {
+        guard let c = sources.live.first(where: { record.validators(of: $0)?.ifRange != nil }) else { return nil }
+        sources.bind(id, to: c)
+        return c
+    }
+
+    /// An attempt of connection `id` at source `source` wrote `from..<to` in `seconds`, however it
+    /// ended; `sameRepresentation`: the bytes are of the representation held now (not discarded meanwhile).
+    mutating func attemptEnded(source: Int, wrote from: Int64, to: Int64, seconds: Double, sameRepresentation: Bool) {
+        sources.measured(source, bytes: to - from, seconds: seconds)
+        if sameRepresentation { wrote(from, to, by: source) }
+    }
+
+    /// Requests to source `source` go to `url` from now on (it redirected).
+    mutating func redirected(_ source: Int, to url: String) { sources.redirected(source, to: url) }
+
+    /// Source `source` refused the file (`why`): retired while another is live; the notice, or nil.
+    mutating func refused(_ source: Int, why: String) -> String? { sources.retire(source, why: why) }
+
+    /// An attempt of connection `id` at source `source` failed with `failure` (several sources):
+    /// a busy source takes no more (said once per change of its cap), a failing one is left for
+    /// another with room, one that asks to wait too long (`tooLong`) or keeps failing is retired.
+    mutating func attemptFailed(source: Int, connection id: Int, _ failure: Attempt.Failure, tooLong: Bool) -> (SourceSet.Next, String?) {
+        let others = activeConnections > 1
+        if tooLong, let retired = sources.retire(source, moving: id, why: "\(failure.message); it asks to retry after \(failure.retryAfter ?? 0) s") {
+            return retired
+        }
+        guard failure.busy else { return sources.failed(source, connection: id, why: failure.message) }
+        let cap = sources.sources[source].cap
+        let (next, retired) = sources.busy(source, connection: id, othersFetching: others, why: failure.message)
+        return (next, retired ?? (sources.sources[source].cap < cap ? sources.capNotice(source) : nil))
+    }
+
+    /// Source `source` wrote a piece that failed its hash: counted; one that keeps sending bad
+    /// pieces is rejected (the notice), and the ranges its connections write end where they are
+    /// (`writers`), the rest going back to the others.
+    mutating func badPiece(from source: Int, writers: [Int: Writer]) -> String? {
+        guard sources.badPiece(source),
+            let notice = reject(source, why: "\(sources.sources[source].badPieces) pieces it sent failed their hash")
+        else { return nil }
+        stopWriting(from: source, writers: writers)
+        return notice
+    }
+
+    /// The ranges `source`'s connections are writing end where they are (`writers`), and the rest
+    /// goes back to the scheduler for the other sources.
+    mutating func stopWriting(from source: Int, writers: [Int: Writer]) {
+        let connections = sources.sources[source].connections
+        guard !connections.isEmpty else { return }
+        ranges { s in
+            for (i, w) in writers { s.report(i, done: w.written) }
+            s.cut(owners: connections)
+        }
+    }
+
+    /// While the bad source is searched for, `source` (nil: none) takes no connection.
+    mutating func suspend(_ source: Int?) { sources.suspend(source) }
+
+    /// The tuner shed the connections: every range but the fastest writer's (`writers`) ends
+    /// where it is; that writer's connection goes on alone. Returns whether it did.
+    @discardableResult
+    mutating func shedConnections(writers: [Int: Writer]) -> Bool {
+        let kept = ranges { s -> Int? in
+            for (i, w) in writers { s.report(i, done: w.written) }
+            return s.shed(rates: writers.compactMapValues(\.rate))
+        }
+        guard let keep = kept ?? nil else { return false }
+        keeper = keep
+        return true
+    }
+
+    /// The next range for connection `id` (`unownedOnly`: only a range no connection has),
+    /// splitting another connection's when worth it (``SegmentScheduler/next(for:rates:thiefRate:connections:quiet:)``):
+    /// a stalled range taken over whole is asked of another source if one has room. Nil when
+    /// there is none, or another connection goes on alone.
+    mutating func assign(_ id: Int, unownedOnly: Bool, writers: [Int: Writer], now: Double, connections: Int) -> Assignment? {
+        guard scheduler != nil else { return nil }
+        if let keeper = alone ?? keeper, keeper != id {
+            ranges { $0.release(id) }
+            return nil
+        }
+        let (rates, ownRate, quiet) = observe(for: id, writers: writers, now: now)
+        // (After `observe`, which reports every range's progress: a finished range whose last
+        // bytes were not reported yet is not work.)
+        if unownedOnly, scheduler?.hasUnowned != true {
+            ranges { $0.release(id) }
+            return nil
+        }
+        // The thief is expected to go as fast as it did on the range it just finished; a
+        // connection with no history yet, as fast as the fastest live one.
+        guard let a = ranges({ s in
+            s.next(for: id, rates: rates, thiefRate: ownRate ?? rates.values.max(), connections: connections, quiet: quiet)
+        }) ?? nil, let s = scheduler else { return nil }
+        if let (victim, _) = a.shrunk, s.segments[victim].remaining == 0, let owner = s.segments[victim].owner,
+            let slow = sources.source(of: owner)
+        {
+            sources.takeOver(id, from: slow)
+        }
+        let seg = s.segments[a.segment]
+        return Assignment(segment: a.segment, start: seg.start, next: seg.next, end: seg.end)
+    }
+
+    /// Seconds until a range could count as stalled for the scheduler's endgame, if it does not
+    /// move by then; nil when there is no range to wait on (none left, or shed to another connection).
+    mutating func endgameWait(_ id: Int, writers: [Int: Writer], now: Double) -> Double? {
+        guard let before = scheduler, !before.isComplete, keeper == nil || keeper == id, alone == nil || alone == id else { return nil }
+        let quiet = observe(for: id, writers: writers, now: now).quiet
+        guard let s = scheduler else { return nil }
+        let waits = quiet.compactMap { i, q -> Double? in
+            let seg = s.segments[i]
+            return seg.owner != nil && seg.remaining > 0 ? q.stallTime(remaining: seg.remaining) - q.seconds : nil
+        }
+        return waits.min().map { max(0.001, $0) }
+    }
+
+    /// Reports every range's progress (`writers`) and measures, by range, the speed of the other
+    /// connections, the speed of `id`'s own range, and, once a request's latency is known, how
+    /// long each other range that has received bytes in this run has not moved (zero if it just did).
+    private mutating func observe(for id: Int, writers: [Int: Writer], now: Double)
+        -> (rates: [Int: Double], own: Double?, quiet: [Int: SegmentScheduler.Quiet])
+    {
+        var rates: [Int: Double] = [:]
+        var own: Double? = nil
+        var quiet: [Int: SegmentScheduler.Quiet] = [:]
+        ranges { s in for (i, w) in writers { s.report(i, done: w.written) } }
+        guard let s = scheduler else { return (rates, own, quiet) }
+        for (i, w) in writers where s.segments.indices.contains(i) {
+            saw(i, at: w.position, now: now)
+            if let since = lastSeen[i]?.since, w.position > w.beganAt, s.segments[i].owner != id, let latency {
+                let rate = Double(w.position - w.beganAt) / max(since - w.began, 0.001)
+                quiet[i] = .init(seconds: now - since, rate: rate, latency: latency)
+            }
+            guard let owner = s.segments[i].owner, let r = w.rate else { continue }
+            if owner == id { own = r } else { rates[i] = r }
+        }
+        return (rates, own, quiet)
+    }
 
     // MARK: - The projection
 

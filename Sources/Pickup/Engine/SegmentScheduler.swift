@@ -237,6 +237,7 @@ public struct SegmentScheduler: Sendable, Equatable {
 
     /// Records progress of a range (bytes written from its start).
     public mutating func report(_ segment: Int, done: Int64) {
+        guard segments.indices.contains(segment) else { return }
         segments[segment].done = max(segments[segment].done, min(done, segments[segment].end - segments[segment].start))
     }
 
