@@ -118,6 +118,8 @@ public final class FTPServerProcess: @unchecked Sendable {
     }
 
     public func stop() { LocalServer.stop(process, work: work) }
+    /// Released (also by a test that threw before ``stop()``): stopped.
+    deinit { stop() }
 }
 
 /// vsftpd from Debian's package on loopback: anonymous, read-only, over `root`, with explicit TLS
@@ -167,4 +169,6 @@ public final class VsftpdProcess: @unchecked Sendable {
     }
 
     public func stop() { LocalServer.stop(process, work: work) }
+    /// Released (also by a test that threw before ``stop()``): stopped.
+    deinit { stop() }
 }

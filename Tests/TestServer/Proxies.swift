@@ -72,6 +72,8 @@ public final class ProxyProcess: @unchecked Sendable {
     }
 
     public func stop() { LocalServer.stop(process, work: work) }
+    /// Released (also by a test that threw before ``stop()``): stopped.
+    deinit { stop() }
 }
 
 /// Squid from Debian's package on loopback, with Debian's default access rules (its
@@ -139,4 +141,6 @@ public final class SquidProcess: @unchecked Sendable {
     }
 
     public func stop() { LocalServer.stop(process, work: work) }
+    /// Released (also by a test that threw before ``stop()``): stopped.
+    deinit { stop() }
 }

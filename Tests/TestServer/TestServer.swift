@@ -57,6 +57,10 @@ public final class TestServer: Sendable {
         try? await channel.close()
     }
 
+    /// A server no test holds any more stops listening, also when its test threw before
+    /// ``stop()`` (the close is queued on the event loop, nothing waits here).
+    deinit { channel.close(promise: nil) }
+
     /// Serves `resource` at `path` (replacing what was there: a "changed on the server" file).
     public func set(_ path: String, _ resource: Resource) {
         state.withLockedValue { $0.resources[path] = resource }
