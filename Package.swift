@@ -61,6 +61,8 @@ let package = Package(
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "RawStructuredFieldValues", package: "swift-http-structured-headers"),
+                // HTTPFields: requests' and responses' header fields (names compared as HTTP does).
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOTransportServices", package: "swift-nio-transport-services",
                          condition: .when(platforms: [.macOS, .iOS, .tvOS, .watchOS, .macCatalyst, .visionOS])),
             ],
@@ -75,6 +77,7 @@ let package = Package(
             dependencies: [
                 "Pickup",
                 .product(name: "SystemPackage", package: "swift-system"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
             ]
         ),
         .target(

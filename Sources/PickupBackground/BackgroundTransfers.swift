@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import Pickup
 import SystemPackage
 
@@ -146,7 +147,7 @@ public final class BackgroundTransfers: NSObject, @unchecked Sendable {
             var request = URLRequest(url: url)
             // (The user's fields first: Range, If-Range and Accept-Encoding are Pickup's.)
             request.httpShouldHandleCookies = false
-            for (name, value) in r.headers { request.setValue(value, forHTTPHeaderField: name) }
+            for field in r.headers { request.setValue(field.value, forHTTPHeaderField: field.name.rawName) }
             let task = session.downloadTask(with: request)
             task.taskDescription = r.chunk.taskDescription
             #if canImport(Darwin)

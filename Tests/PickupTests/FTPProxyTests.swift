@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import NIOSOCKS
 import PickupDaemon
 import SystemPackage
@@ -21,7 +22,7 @@ import TestServer
         let login = try RequestHeader(name: "Authorization", value: "Basic YWxpY2U6cHc=")
         func sendsLogin(_ url: String) -> Bool {
             RequestOptions.fields(for: url, original: "ftp://h/f", headers: [login], jar: [], now: 0)
-                .contains { $0.name.caseInsensitiveEquals("Authorization") }
+                .contains { $0.name == .authorization }
         }
         #expect(sendsLogin("ftp://h:21/g") && sendsLogin("ftp://H/f"))
         #expect(!sendsLogin("ftp://h:80/f") && !sendsLogin("http://h/f") && !sendsLogin("ftps://h/f"))
@@ -71,7 +72,7 @@ import TestServer
     }
 
     @Test func aLoginIsNeverShown() throws {
-        let target = try FTPTransport.target("ftp://h/f", headers: [("Authorization", "Basic " + Data("ghp_SECRETTOKEN123:pw123".utf8).base64EncodedString())])
+        let target = try FTPTransport.target("ftp://h/f", headers: [.authorization: "Basic " + Data("ghp_SECRETTOKEN123:pw123".utf8).base64EncodedString()])
         let hidden = FTPTransport.hidingLogin(.refused("530 User ghp_SECRETTOKEN123 cannot log in (pw123)"), of: target)
         #expect(hidden == .refused("530 User *** cannot log in (***)"))
     }

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import PickupDaemon
 import SystemPackage
 import Testing
@@ -65,13 +66,13 @@ import TestServer
             }
         }
         // Commands cannot be smuggled through a URL.
-        #expect(throws: TransportError.self) { try FTPTransport.target("ftp://h/a%0D%0ADELE%20b", headers: []) }
-        #expect(throws: TransportError.self) { try FTPTransport.target("ftp://h/", headers: []) }
-        let t = try? FTPTransport.target("ftp://h:2121/dir/a%20b.iso", headers: [("Authorization", "Basic " + Data("u:p:w".utf8).base64EncodedString())])
+        #expect(throws: TransportError.self) { try FTPTransport.target("ftp://h/a%0D%0ADELE%20b", headers: [:]) }
+        #expect(throws: TransportError.self) { try FTPTransport.target("ftp://h/", headers: [:]) }
+        let t = try? FTPTransport.target("ftp://h:2121/dir/a%20b.iso", headers: [.authorization: "Basic " + Data("u:p:w".utf8).base64EncodedString()])
         #expect(t?.path == "dir/a b.iso" && t?.port == 2121 && t?.user == "u" && t?.password == "p:w")
-        let (range, ifRange) = FTPTransport.range([("Range", "bytes=5-9"), ("If-Range", "\"x\"")])
+        let (range, ifRange) = FTPTransport.range([.range: "bytes=5-9", .ifRange: "\"x\""])
         #expect(range?.first == 5 && range?.last == 9 && ifRange == "\"x\"")
-        #expect(FTPTransport.range([("Range", "bytes=9-5")]).range == nil)
+        #expect(FTPTransport.range([.range: "bytes=9-5"]).range == nil)
     }
 }
 

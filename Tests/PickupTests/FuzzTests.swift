@@ -57,7 +57,7 @@ struct SplitMix: RandomNumberGenerator {
                 accepted += 1
                 if candidate.lowercased().hasPrefix("ftp:") {
                     // FTP's own parsing: an error or a target, never a trap.
-                    if let target = try? FTPTransport.target(candidate, headers: []) {
+                    if let target = try? FTPTransport.target(candidate, headers: [:]) {
                         #expect((1...65535).contains(target.port), "\(candidate)")
                     }
                     continue

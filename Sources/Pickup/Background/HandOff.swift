@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import NIOConcurrencyHelpers
 
 /// One range of one download, asked for by a background transfer (a `URLSession` download task)
@@ -42,7 +43,7 @@ public struct BackgroundRequest: Sendable {
     /// The URL to ask.
     public let url: String
     /// The header fields, `Range` and `If-Range` first.
-    public let headers: [(name: String, value: String)]
+    public let headers: HTTPFields
 }
 
 /// What became of a chunk a background transfer brought.
@@ -109,8 +110,8 @@ enum HandOff {
     /// `If-Range` alone brings the whole new file to every chunk while the app sleeps (nothing
     /// cuts a background answer short then). A server that ignores it answers as `If-Range`
     /// decides, which is judged as before.
-    static func precondition(ifRange: String) -> (name: String, value: String) {
-        ifRange.hasPrefix("\"") ? ("If-Match", ifRange) : ("If-Unmodified-Since", ifRange)
+    static func precondition(ifRange: String) -> HTTPField {
+        HTTPField(name: ifRange.hasPrefix("\"") ? .ifMatch : .ifUnmodifiedSince, value: ifRange)
     }
 
     /// The byte ranges a record holds, merged and in order.

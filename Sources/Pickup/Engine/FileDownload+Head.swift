@@ -34,7 +34,7 @@ extension FileDownload {
                 if context.validators?.ifRange != nil { state.heldBytesConfirmed() }
                 if source == 0, record.validators == nil {
                     // Metalink/HTTP (RFC 6249): the first answer names the file's mirrors.
-                    for m in LinkHeader.duplicates(head.headers.filter { $0.name.caseInsensitiveEquals("Link") }.map(\.value)) {
+                    for m in LinkHeader.duplicates(head.values("Link")) {
                         state.addMirror(m.url, connections: options.connections)
                     }
                 }

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import SystemPackage
 
 /// The server's answers no longer describe one representation: stop combining bytes.
@@ -473,16 +474,14 @@ extension FileDownload {
     /// finished range leaves its connection reusable and nothing is sent twice), `If-Range` when
     /// resuming, and the conditionals that ask whether a finished file changed.
     static func requestHeaders(offset: Int64, end: Int64, validators: Validators?, conditional: Validators?)
-        -> [(name: String, value: String)]
+        -> HTTPFields
     {
-        var headers: [(name: String, value: String)] = [
-            ("Range", ByteRange(first: offset, last: end == .max ? nil : end - 1).headerValue)
-        ]
-        if offset > 0, let ifRange = validators?.ifRange { headers.append(("If-Range", ifRange)) }
+        var headers: HTTPFields = [.range: ByteRange(first: offset, last: end == .max ? nil : end - 1).headerValue]
+        if offset > 0, let ifRange = validators?.ifRange { headers[.ifRange] = ifRange }
         if let etag = conditional?.etag {
-            headers.append(("If-None-Match", etag.headerValue))
+            headers[.ifNoneMatch] = etag.headerValue
         } else if let lm = conditional?.lastModified {
-            headers.append(("If-Modified-Since", lm))
+            headers[.ifModifiedSince] = lm
         }
         return headers
     }

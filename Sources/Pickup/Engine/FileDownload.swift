@@ -1,6 +1,7 @@
 import Atomics
 import Crypto
 import Foundation
+import HTTPTypes
 import NIOConcurrencyHelpers
 import SystemPackage
 
@@ -376,15 +377,15 @@ final class FileDownload: @unchecked Sendable {
     /// The user's fields and the matching cookies for a request to `url` (secrets only to the
     /// origin of the URL the user gave).
     /// A mirror's own credentials (in its URL) go to its origin only.
-    func userFields(for url: String, source: Int = 0) -> [(name: String, value: String)] {
+    func userFields(for url: String, source: Int = 0) -> HTTPFields {
         var fields = lock.withLock {
             RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: jar, now: Clock.wallSeconds())
         }
         if source > 0, let given = lock.withLock({ state.sources.sources[source].url }) as String?,
             Origin(url) == Origin(given), let basic = RequestOptions.credentials(in: given),
-            !fields.contains(where: { $0.name.caseInsensitiveEquals("Authorization") })
+            fields[.authorization] == nil, let field = basic.field
         {
-            fields.append((basic.name, basic.value))
+            fields.append(field)
         }
         return fields
     }
@@ -392,7 +393,7 @@ final class FileDownload: @unchecked Sendable {
     /// Keeps the cookies a response to `url` sets, for the rest of this run (along a redirect chain).
     /// Called on the transport thread with the head.
     func keepCookies(from head: ResponseHead, url: String) {
-        let values = head.headers.filter { $0.name.caseInsensitiveEquals("Set-Cookie") }.map(\.value)
+        let values = head.fields[values: .setCookie]
         guard !values.isEmpty else { return }
         lock.withLock { Cookie.keep(values, from: url, in: &jar, now: Clock.wallSeconds()) }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
@@ -93,7 +94,7 @@ final class FTPTransport: Sendable {
 
     /// Parses an `ftp://` URL; credentials come from `Authorization: Basic` (the engine turns URL
     /// credentials, `-u` and `.netrc` into it, for this origin only), else anonymous.
-    static func target(_ url: String, headers: [(name: String, value: String)]) throws(TransportError) -> Target {
+    static func target(_ url: String, headers: HTTPFields) throws(TransportError) -> Target {
         guard let c = URLComponents(string: url), let scheme = c.scheme?.lowercased(), scheme == "ftp" || scheme == "ftps",
             let rawHost = c.host, !rawHost.isEmpty
         else { throw .fatal("invalid URL \(DownloadURL.redacted(url))") }
@@ -107,7 +108,7 @@ final class FTPTransport: Sendable {
             throw .fatal("unusable FTP path in \(DownloadURL.redacted(url))")
         }
         var user = "anonymous", password = "anonymous@"
-        if let auth = headers.first(where: { $0.name.caseInsensitiveEquals("Authorization") })?.value,
+        if let auth = headers[values: .authorization].first,
             auth.lowercased().hasPrefix("basic "), let data = Data(base64Encoded: String(auth.dropFirst(6)).trimmingCharacters(in: .whitespaces)),
             let text = String(data: data, encoding: .utf8), let colon = text.firstIndex(of: ":")
         {
@@ -121,9 +122,9 @@ final class FTPTransport: Sendable {
     }
 
     /// The byte range (nil without a `Range` the engine wrote: `bytes=a-` or `bytes=a-b`) and `If-Range`.
-    static func range(_ headers: [(name: String, value: String)]) -> (range: (first: Int64, last: Int64?)?, ifRange: String?) {
-        let ifRange = headers.first { $0.name.caseInsensitiveEquals("If-Range") }?.value
-        guard let raw = headers.first(where: { $0.name.caseInsensitiveEquals("Range") })?.value, raw.hasPrefix("bytes=") else {
+    static func range(_ headers: HTTPFields) -> (range: (first: Int64, last: Int64?)?, ifRange: String?) {
+        let ifRange = headers[values: .ifRange].first
+        guard let raw = headers[values: .range].first, raw.hasPrefix("bytes=") else {
             return (nil, ifRange)
         }
         let parts = raw.dropFirst(6).split(separator: "-", maxSplits: 1, omittingEmptySubsequences: false)

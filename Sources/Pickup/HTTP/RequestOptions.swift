@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 
 /// A header field the user adds to every request of a download.
 public struct RequestHeader: Sendable, Codable, Equatable {
@@ -24,6 +25,10 @@ public struct RequestHeader: Sendable, Codable, Equatable {
         self.name = name
         self.value = value.trimmingCharacters(in: .whitespaces)
     }
+
+    /// The field as sent; nil for a name that is not a token (the checking initialisers make
+    /// none, but one decoded from a stored download is input like any other).
+    var field: HTTPField? { HTTPField.Name(name).map { HTTPField(name: $0, value: value) } }
 
     /// Parses `Name: value` (curl's `-H`).
     /// - Throws: ``PickupError/invalidInput(_:)``.
@@ -89,13 +94,11 @@ public struct RequestOptions: Sendable, Codable, Equatable {
 
     /// The fields for a request to `url`: every header when `url` has the origin of `original`,
     /// else the ones without secrets; then the cookies of `jar` that match `url`.
-    static func fields(for url: String, original: String, headers: [RequestHeader], jar: [Cookie], now: Int64)
-        -> [(name: String, value: String)]
-    {
-        guard let target = URL(string: url) else { return [] }
+    static func fields(for url: String, original: String, headers: [RequestHeader], jar: [Cookie], now: Int64) -> HTTPFields {
+        guard let target = URL(string: url) else { return [:] }
         let sameOrigin = Origin(url) == Origin(original)
-        var out: [(name: String, value: String)] = []
-        for h in headers where sameOrigin || !h.isSecret { out.append((h.name, h.value)) }
+        var out = HTTPFields()
+        for h in headers where sameOrigin || !h.isSecret { if let f = h.field { out.append(f) } }
         var cookie = ""
         for c in jar where c.matches(target, now: now) {
             let pair = "\(c.name)=\(c.value)"
@@ -103,7 +106,7 @@ public struct RequestOptions: Sendable, Codable, Equatable {
             guard cookie.utf8.count + pair.utf8.count + 2 <= Cookie.maxHeader else { break }
             cookie += cookie.isEmpty ? pair : "; " + pair
         }
-        if !cookie.isEmpty { out.append(("Cookie", cookie)) }
+        if !cookie.isEmpty { out.append(HTTPField(name: .cookie, value: cookie)) }
         return out
     }
 
@@ -116,7 +119,7 @@ public struct RequestOptions: Sendable, Codable, Equatable {
     /// The user's header fields for requests to `url`, with Basic credentials from its user
     /// information when no Authorization field is given.
     static func userHeaders(_ headers: [RequestHeader], for url: String) -> [RequestHeader] {
-        guard !headers.contains(where: { $0.name.caseInsensitiveEquals("Authorization") }), let basic = credentials(in: url) else {
+        guard !headers.contains(where: { $0.field?.name == .authorization }), let basic = credentials(in: url) else {
             return headers
         }
         return headers + [basic]

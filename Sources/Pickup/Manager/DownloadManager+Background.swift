@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import SystemPackage
 
 #if canImport(Glibc)
@@ -62,8 +63,9 @@ extension DownloadManager {
                 let asked = going.filter { $0.id == d.id }.map { (start: $0.start, end: $0.end) }
                 return HandOff.chunks(of: record, size: size, excluding: asked).map { c in
                     BackgroundRequest(chunk: BackgroundChunk(id: d.id, start: c.start, end: c.end), url: url,
-                                      headers: fields + [("Range", "bytes=\(c.start)-\(c.end - 1)"), ("If-Range", ifRange),
-                                                         HandOff.precondition(ifRange: ifRange), ("Accept-Encoding", "identity")])
+                                      headers: fields + [HTTPField(name: .range, value: "bytes=\(c.start)-\(c.end - 1)"),
+                                                         HTTPField(name: .ifRange, value: ifRange), HandOff.precondition(ifRange: ifRange),
+                                                         HTTPField(name: .acceptEncoding, value: "identity")])
                 }
             }
         }) ?? []

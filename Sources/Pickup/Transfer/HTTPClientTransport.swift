@@ -1,6 +1,7 @@
 import Foundation
 import AsyncHTTPClient
 import Atomics
+import HTTPTypes
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
@@ -333,7 +334,7 @@ public final class HTTPClientTransport: Transport {
         guard let trace else { return try await send(request, into: sink) }
         let n = traced.wrappingIncrementThenLoad(ordering: .relaxed)
         let ftp = request.url.lowercased().hasPrefix("ftp")
-        trace(Trace.request(n, url: request.url, fields: ftp ? request.headers : headers(for: request).map { ($0.name, $0.value) }))
+        trace(Trace.request(n, url: request.url, fields: ftp ? request.headers.map { ($0.name.rawName, $0.value) } : headers(for: request).map { ($0.name, $0.value) }))
         try await send(request, into: TracingSink(sink, number: n, trace: trace))
     }
 
@@ -341,8 +342,9 @@ public final class HTTPClientTransport: Transport {
     /// any other field added as given.
     func headers(for request: FetchRequest) -> HTTPHeaders {
         var headers = defaultHeaders
-        for (name, value) in request.headers {
-            if defaultHeaders.contains(name: name) { headers.replaceOrAdd(name: name, value: value) } else { headers.add(name: name, value: value) }
+        for field in request.headers {
+            let name = field.name.rawName
+            if defaultHeaders.contains(name: name) { headers.replaceOrAdd(name: name, value: field.value) } else { headers.add(name: name, value: field.value) }
         }
         return headers
     }

@@ -101,9 +101,10 @@ final class ProxyTransport: Sendable {
         let key = Key(proxy: proxy, tunnel: tunnel ? url.target : nil)
         var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: tunnel ? url.origin : url.absolute)
         head.headers.add(name: "Host", value: url.hostField)
-        for (name, value) in headers where !name.caseInsensitiveEquals("Host") && !name.caseInsensitiveEquals("Proxy-Authorization") {
-            head.headers.add(name: name, value: value)
-        }
+        var fields = headers
+        fields.remove(name: "Host")  // (NIO compares names without regard to case)
+        fields.remove(name: "Proxy-Authorization")
+        head.headers.add(contentsOf: fields)
         if !tunnel, let auth = Self.authorization(proxy) { head.headers.add(name: "Proxy-Authorization", value: auth) }
         let loop = request.lane.map { loops[$0 % loops.count] } ?? loops[Int.random(in: 0..<loops.count)]
         // A kept connection the proxy has closed meanwhile fails before any byte: once more on a new one.

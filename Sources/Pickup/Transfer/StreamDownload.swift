@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import NIOConcurrencyHelpers
 
 extension Downloader {
@@ -206,7 +207,7 @@ final class StreamRun: @unchecked Sendable {
 
     /// Cookies a response sets, kept for the rest of the stream (along a redirect chain).
     func keepCookies(_ head: ResponseHead, url: String) {
-        let values = head.headers.filter { $0.name.caseInsensitiveEquals("Set-Cookie") }.map(\.value)
+        let values = head.fields[values: .setCookie]
         guard !values.isEmpty else { return }
         lock.withLock { Cookie.keep(values, from: url, in: &jar, now: Clock.wallSeconds()) }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 
 /// `-v`: the heads of requests and responses as text, secrets redacted (credentials, cookies and
 /// anything named like a token or a key), and nothing a server sent that a terminal would act on.
@@ -72,7 +73,7 @@ public enum Trace {
 
     /// A response's head: `[n] < STATUS` and its fields (the first 100).
     static func response(_ n: Int, _ head: ResponseHead) -> String {
-        (["[\(n)] < \(head.status)"] + head.headers.prefix(100).map { "[\(n)] < " + field($0.name, $0.value) })
+        (["[\(n)] < \(head.status)"] + head.fields.prefix(100).map { "[\(n)] < " + field($0.name.rawName, $0.value) })
             .joined(separator: "\n")
     }
 }

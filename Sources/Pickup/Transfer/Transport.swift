@@ -1,9 +1,11 @@
+import HTTPTypes
+
 /// A GET to send: the URL and extra header fields (Range, If-Range, conditionals).
 public struct FetchRequest: Sendable {
     /// Absolute http, https or ftp URL.
     public var url: String
     /// Header fields to add to the transport's defaults.
-    public var headers: [(name: String, value: String)]
+    public var headers: HTTPFields
     /// Requests with the same lane should run on the same thread and connection where the
     /// transport can arrange it (a connection's successive ranges then reuse its socket without
     /// handing every chunk to another thread); nil: wherever is free.
@@ -16,7 +18,7 @@ public struct FetchRequest: Sendable {
     public var multiplex: Bool
 
     /// A request.
-    public init(url: String, headers: [(name: String, value: String)] = [], lane: Int? = nil, patience: Int = 0,
+    public init(url: String, headers: HTTPFields = [:], lane: Int? = nil, patience: Int = 0,
                 multiplex: Bool = false) {
         self.url = url
         self.headers = headers
