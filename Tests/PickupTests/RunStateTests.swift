@@ -204,4 +204,40 @@ import Testing
         }
         print("run state property test: 1000 sequences, \(events) events")
     }
+
+    @Test func beforeAnAttemptAConnectionStopsMovesOrConfirmsTheHeldBytesFirst() {
+        let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        func fresh() -> RunState {
+            var s = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+                             sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
+            s.started(holding: 500)  // bytes from an earlier run, not confirmed yet
+            let started = s.connectionStarted(0, asking: 0)
+            #expect(started)
+            return s
+        }
+        // Held bytes and no source with a strong validator: none can confirm them.
+        var s = fresh()
+        let before1 = s.beforeAttempt(0, at: 0, holding: true)
+        #expect(before1 == .noConfirmer)
+        // A mirror with one confirms them: the connection moves there.
+        s = fresh()
+        s.describe { $0.setValidators(strong, of: 1) }
+        let before2 = s.beforeAttempt(0, at: 0, holding: true)
+        #expect(before2 == .go(source: 1, several: true, validators: strong, total: nil))
+        // Nothing held in its range: it asks where it was.
+        s = fresh()
+        let before3 = s.beforeAttempt(0, at: 0, holding: false)
+        #expect(before3 == .go(source: 0, several: true, validators: nil, total: nil))
+        // Its source retired: another with room.
+        s = fresh()
+        let refused = s.refused(0, why: "gone")
+        #expect(refused != nil)
+        let before4 = s.beforeAttempt(0, at: 0, holding: false)
+        #expect(before4 == .go(source: 1, several: true, validators: nil, total: nil))
+        // Another connection goes on alone: it stops.
+        s = fresh()
+        s.fetchAlone(1)
+        let before5 = s.beforeAttempt(0, at: 0, holding: false)
+        #expect(before5 == .stop)
+    }
 }

@@ -209,14 +209,14 @@ extension FileDownload {
     {
         var cursor = initial
         var conditional = initialConditional
-        var source = lock.withLock { state.sources.source(of: id) ?? 0 }
-        var several = lock.withLock { state.sources.several }
-        var url = lock.withLock { state.sources.url(source) }
+        var (source, several, url, held) = lock.withLock { () -> (Int, Bool, String, Int64) in
+            let source = state.sources.source(of: id) ?? 0
+            return (source, state.sources.several, state.sources.url(source), state.heldAtMost(heldBytes()))
+        }
         // "Progress" is more bytes held than ever before in this run, on any connection, since this
         // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
         // bytes that replace held ones (a 200 cut short, again and again) are not progress.
-        var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects),
-                              held: lock.withLock { state.heldAtMost(heldBytes()) })
+        var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects), held: held)
         /// What the run says now, for the attempt's decisions (`held`: measured by the caller).
         func facts(held: Int64) -> Attempt.Facts {
             lock.withLock {
@@ -239,27 +239,14 @@ extension FileDownload {
         while true {
             try Task.checkCancellation()
             if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
-            // What the run says before this attempt, read in one look. (Mirrors named by the first
-            // answer make several sources of one.)
-            let (stopped, retired) = lock.withLock { () -> (Bool, Bool) in
-                several = state.sources.several
-                return (state.isStopped(id), state.sources.isRetired(source))
+            // What the run says before this attempt, in one look (``RunState/beforeAttempt(_:at:holding:)``).
+            let before = lock.withLock { state.beforeAttempt(id, at: source, holding: cursor.position.load(ordering: .relaxed) > 0) }
+            guard case .go(let to, let isSeveral, let validators, let total) = before else {
+                if before == .noConfirmer { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
+                return .retired
             }
-            // Another connection goes on alone (a response replaced every held byte): this one's
-            // range is gone, and its cursor with it.
-            if stopped { return .retired }
-            // Its source was retired (by another connection, or a bad piece): another one, or leave.
-            if several, retired, !moveOn() { return .retired }
-            let (described, confirmed) = lock.withLock { ((record.validators(of: source), record.totalLength), state.heldConfirmed) }
-            var (validators, total) = described
-            // Bytes held from an earlier run are confirmed first, by a source that can (its strong
-            // validator in If-Range); one that never answered could send another version's bytes.
-            if several, cursor.position.load(ordering: .relaxed) > 0, validators?.ifRange == nil, !confirmed {
-                let to = lock.withLock { state.confirmingSource(for: id) }
-                guard let to else { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
-                move(to: to)
-                (validators, total) = lock.withLock { (record.validators(of: source), record.totalLength) }
-            }
+            several = isSeveral
+            if to != source { move(to: to) }
             var offset = cursor.position.load(ordering: .relaxed)
             let end = cursor.end.load(ordering: .relaxed)
             if conditional == nil, offset >= end || (total != nil && offset >= total!) { return .done }

@@ -522,6 +522,39 @@ struct RunState {
         ranges { $0.release(id) }
     }
 
+    /// What connection `id` does before an attempt at source `source`.
+    enum BeforeAttempt: Equatable {
+        /// It stops: another connection goes on alone (a response replaced every held byte, so
+        /// this one's range is gone), or its source was retired and no other has room.
+        case stop
+        /// Bytes held from an earlier run must be confirmed first, and no source that can (one
+        /// with a strong validator for `If-Range`) is left.
+        case noConfirmer
+        /// It asks `source` (the one it had, or another), with that source's validators and the
+        /// length; `several`: the file has several sources (mirrors named by a first answer make
+        /// several of one).
+        case go(source: Int, several: Bool, validators: Validators?, total: Int64?)
+    }
+
+    /// Before each attempt of connection `id` at `source` (`holding`: its range has bytes written):
+    /// a retired source is left for another with room; bytes held from an earlier run are
+    /// confirmed first by a source that can (one that never answered could send another
+    /// version's bytes).
+    mutating func beforeAttempt(_ id: Int, at source: Int, holding: Bool) -> BeforeAttempt {
+        if isStopped(id) { return .stop }
+        let several = sources.several
+        var source = source
+        if several, sources.isRetired(source) {
+            guard let to = moveOn(id) else { return .stop }
+            source = to
+        }
+        if several, holding, record.validators(of: source)?.ifRange == nil, !heldConfirmed {
+            guard let to = confirmingSource(for: id) else { return .noConfirmer }
+            source = to
+        }
+        return .go(source: source, several: several, validators: record.validators(of: source), total: record.totalLength)
+    }
+
     /// Connection `id` leaves its source for the best other one with room; nil when none has room.
     mutating func moveOn(_ id: Int) -> Int? { sources.bind(id) }
 
