@@ -5,9 +5,12 @@ import Glibc
 #endif
 
 /// `-z pack-relative-relocs` when this machine's glibc loads RELR relocations (2.36 and later; the
-/// binary then needs such a glibc, as it needs the glibc it was linked against anyway).
+/// binary then needs such a glibc, as it needs the glibc it was linked against anyway). The glibc
+/// asked is the one evaluating this manifest: building for another system (`--swift-sdk`, an older
+/// glibc's sysroot) turns it off with `PICKUP_PACKED_RELOCS=0`.
 let packedRelocations: [String] = {
     #if canImport(Glibc)
+    if Context.environment["PICKUP_PACKED_RELOCS"] == "0" { return [] }
     var text = [CChar](repeating: 0, count: 64)  // "glibc 2.36"
     guard confstr(Int32(_CS_GNU_LIBC_VERSION), &text, text.count) > 0 else { return [] }
     let version = String(cString: text).split(separator: " ").last?.split(separator: ".").compactMap { Int($0) } ?? []

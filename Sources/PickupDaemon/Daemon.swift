@@ -216,8 +216,21 @@ public final class Daemon: Sendable {
             logger: logger))
         self.group.withLockedValue { $0 = group }
         let hooked = hooks.isEmpty ? nil : Task { await self.runHooks() }
-        defer { hooked?.cancel() }
-        try await group.run()
+        do {
+            try await group.run()
+        } catch {
+            await Self.end(hooked)
+            throw error
+        }
+        await Self.end(hooked)
+    }
+
+    /// Stops the hooks' runner and waits for it: a running hook's process group gets SIGTERM at
+    /// once and SIGKILL after the grace, so `serve` never exits leaving one behind. Bounded by
+    /// the runner's own bounds (``HookRunner/grace`` plus ``HookRunner/reapBound``).
+    static func end(_ hooked: Task<Void, Never>?) async {
+        hooked?.cancel()
+        await hooked?.value
     }
 
     /// Runs the hooks as downloads complete or fail, until the manager shuts down.

@@ -71,7 +71,7 @@ public struct HookEvent: Sendable, Equatable {
 /// programs it leaves running in the background are its own and hold nothing of Pickup's. At the
 /// timeout the whole group gets SIGTERM, and SIGKILL two seconds later (the teardown sequence);
 /// every wait has a bound (the reaping after SIGKILL too: a process that the kernel cannot end is
-/// reported and left). ``stop()`` (a signal to Pickup) ends the running hook's group at once and
+/// reported and left). ``stop()`` (a signal to Pickup) starts the running hook's teardown at once and
 /// drops the queued ones. A hook that cannot start, exits non-zero or runs out of time is reported
 /// through `report` (one line) and changes nothing about the download.
 ///
@@ -175,7 +175,7 @@ public final class HookRunner: Sendable {
             let pid = group.withLockedValue { $0 }.map { " (pid \($0))" } ?? ""
             report("hook \(command) did not end even after SIGKILL; left behind\(pid)")
         case .failed(let message)?:
-            report("hook \(command) could not start: \(message)")
+            report("hook \(command) could not be run (started or watched): \(message)")
         case .signalled(let sig)?:
             report("hook \(command) " + (why.map { "\($0) (signal \(sig))" } ?? "was killed by signal \(sig)"))
         case .exited(let code)?:

@@ -1,4 +1,5 @@
 import Foundation
+import PickupDaemon
 import SystemPackage
 import Testing
 import TestServer
@@ -83,6 +84,31 @@ import TestServer
         p.waitUntilExit()
         #expect(p.terminationReason == .exit && p.terminationStatus == 143)
         #expect(await CLI.eventually(seconds: 10) { !Self.alive(own) }, "the hook outlived pickup")
+        await server.stop()
+    }
+}
+
+extension HookProcessTests {
+    /// `pickup serve` stopped while a hook runs ends the hook's group before it exits itself:
+    /// nothing of the daemon's is left running once its process is gone.
+    @Test func serveStoppedWhileAHookRunsLeavesNoHookBehind() async throws {
+        let server = try await TestServer.start()
+        server.set("/d.bin", Resource(body: Resource.bytes(count: 1000)))
+        let root = TempDir(), state = TempDir(), scripts = TempDir()
+        // The shell ignores SIGTERM, and so does the child it waits on (an ignored signal is
+        // inherited): only the SIGKILL to the group after the grace ends them.
+        let hook = Self.hook(in: scripts, "trap '' TERM\nsleep 300 & echo $! > \(scripts.file("child.pid").string)\nwait\nwait")
+        let serve = try await ServeProcess.start(root: root, state: state,
+                                                 ["--on-complete", hook.string, "--hook-timeout", "600"])
+        defer { serve.stopIfRunning() }
+        _ = try await serve.client.add(APIAddRequest(url: server.url("/d.bin")))
+        #expect(await CLI.eventually { Self.pid(scripts, "hook.pid") != nil && Self.pid(scripts, "child.pid") != nil })
+        let own = try #require(Self.pid(scripts, "hook.pid")), child = try #require(Self.pid(scripts, "child.pid"))
+        defer { kill(own, SIGKILL); kill(child, SIGKILL) }
+        #expect(serve.signal(SIGTERM) == .exit)
+        // Checked at once: serve waited for the teardown before it exited.
+        #expect(!Self.alive(own), "the hook outlived pickup serve")
+        #expect(!Self.alive(child), "the hook's child outlived pickup serve")
         await server.stop()
     }
 }

@@ -11,6 +11,10 @@ import TestServer
         #expect(throws: PickupError.self) { try RequestHeader(line: "X-A: b\r\nX-Injected: 1") }
         #expect(throws: PickupError.self) { try RequestHeader(line: "no colon") }
         #expect(throws: PickupError.self) { try RequestHeader(line: "Bad Name: x") }
+        for control in ["\u{1}", "\u{8}", "\u{B}", "\u{1F}", "\u{7F}", "\u{0}"] {
+            #expect(throws: PickupError.self, "a control byte in a value") { try RequestHeader(line: "X-A: a\(control)b") }
+        }
+        #expect(try RequestHeader(line: "X-Tab: a\tb é").field?.value == "a\tb é")
         let headers = [try RequestHeader(line: "Authorization: Bearer t"), try RequestHeader(line: "X-Plain: v")]
         let cookie = Cookie(name: "s", value: "1", domain: "a.example", hostOnly: true)
         let same = RequestOptions.fields(for: "https://a.example/x", original: "https://a.example/f", headers: headers, jar: [cookie], now: 0)

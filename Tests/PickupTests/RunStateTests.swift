@@ -142,9 +142,13 @@ import Testing
                         pending = nil
                         store(action, fsynced: synced)
                     }
-                case 7:  // the tuner sheds to one connection
-                    state.shedConnections(writers: sampled())
-                    publishEnds()
+                case 7:  // the tuner sheds to one connection, or brings the others back
+                    if pick(3) == 0 {
+                        state.connectionsRestored()
+                    } else {
+                        state.shedConnections(writers: sampled())
+                        publishEnds()
+                    }
                 case 8:  // the representation changed: everything is discarded
                     if pick(4) == 0 {
                         pending = nil

@@ -12,6 +12,8 @@ public final class RawServer: Sendable {
     /// The port it listens on (127.0.0.1).
     public let port: Int
     private let served: NIOLockedValueBox<Int>
+    /// Set by ``stop()``: its loop is gone, and `deinit` must not schedule on it.
+    private let stopped = NIOLockedValueBox(false)
 
     /// Requests answered so far.
     public var requests: Int { served.withLockedValue { $0 } }
@@ -44,12 +46,14 @@ public final class RawServer: Sendable {
 
     /// Stops listening and closes every connection.
     public func stop() async {
+        guard !stopped.withLockedValue({ s in defer { s = true }; return s }) else { return }
         try? await channel.close()
         try? await group.shutdownGracefully()
     }
 
-    /// Released (also by a test that threw before ``stop()``): the same, queued, nothing waits here.
+    /// Released without ``stop()`` (a test that threw before it): the same, queued, nothing waits here.
     deinit {
+        guard !stopped.withLockedValue({ $0 }) else { return }
         channel.close(promise: nil)
         group.shutdownGracefully { _ in }
     }

@@ -125,7 +125,7 @@ extension FileDownload {
             }
         case .restore?:
             // The connections shed finished their responses and wait, open, to be taken again.
-            lock.withLock { state.shed(keeping: nil) }
+            lock.withLock { state.connectionsRestored() }
             restore.open()
         case nil:
             break

@@ -65,8 +65,8 @@ struct RunState {
         return true
     }
 
-    /// The tuner shed the connections but `keeper` (nil: it brought them back).
-    mutating func shed(keeping keeper: Int?) { self.keeper = keeper }
+    /// The tuner brings the connections it shed back (``shedConnections(writers:)``).
+    mutating func connectionsRestored() { keeper = nil }
 
     /// Range `segment`'s writer was seen at `position` at `now`: since when it has not moved.
     mutating func saw(_ segment: Int, at position: Int64, now: Double) {

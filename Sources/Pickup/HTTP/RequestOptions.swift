@@ -8,7 +8,7 @@ public struct RequestHeader: Sendable, Codable, Equatable {
     /// The field value.
     public var value: String
 
-    /// A header, checked: a token name, a value without CR, LF or NUL, and none of the fields
+    /// A header, checked: a token name, a value without control characters (CR, LF, NUL, ...), and none of the fields
     /// Pickup sets itself (`Range`, `If-Range`, `Accept-Encoding`, ...).
     /// - Throws: ``PickupError/invalidInput(_:)``.
     public init(name: String, value: String) throws(PickupError) {
@@ -16,8 +16,10 @@ public struct RequestHeader: Sendable, Codable, Equatable {
         guard !name.isEmpty, name.utf8.count <= 256,
             name.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 | 0x20 >= 0x61 && $0 | 0x20 <= 0x7A) || tchar.contains($0) })
         else { throw .invalidInput("'\(name.prefix(40))' is not a header field name") }
-        guard value.utf8.count <= 16384, !value.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0 }) else {
-            throw .invalidInput("the value of \(name) has a line break or NUL, or is too long")
+        // RFC 9110 5.5: a value is visible characters, obs-text, spaces and tabs; no other control
+        // byte (HTTPTypes would turn one into a space silently).
+        guard value.utf8.count <= 16384, !value.utf8.contains(where: { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7F }) else {
+            throw .invalidInput("the value of \(name) has a control character (a line break, NUL), or is too long")
         }
         if Self.reserved.contains(name.lowercased()) {
             throw .invalidInput("\(name) is set by pickup itself and cannot be given")

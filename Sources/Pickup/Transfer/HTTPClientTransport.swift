@@ -45,10 +45,12 @@ public final class HTTPClientTransport: Transport {
         /// and the HTTP stack per GiB (on loopback, 1 MiB reads cost a fifth less CPU than 256 KiB).
         public var maxReadSize = 1 << 20
         /// Read buffers of all connections together stay near this many bytes: each connection
-        /// reads at most `readBudget / connections in flight` (never below 64 KiB), so one
-        /// connection reads 1 MiB while 16 read 64 KiB each and memory stays bounded. A TLS
-        /// connection counts twice (``ReadBudget/weight(of:)``): it holds each read twice, as
-        /// the ciphertext read and the plaintext it decrypts to.
+        /// reads at most `readBudget / shares in flight` (never below 64 KiB), so one plain http
+        /// connection reads 1 MiB while 16 read 64 KiB each and memory stays bounded. A request
+        /// whose URL is https or ftps takes two shares (``ReadBudget/weight(of:)``; one such
+        /// connection reads 512 KiB): TLS holds each read twice, as the ciphertext read and the
+        /// plaintext it decrypts to. (By the URL's scheme: through an http proxy's CONNECT tunnel
+        /// the connection is TLS too, and is counted so.)
         public var readBudget = 1 << 20
         /// Which requests go through which proxy (none by default; the CLI reads `--proxy` and the
         /// environment). Several connections per file work through a proxy too.
