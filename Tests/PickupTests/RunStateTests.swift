@@ -234,8 +234,8 @@ import Testing
         #expect(before3 == .go(source: 0, several: true, validators: nil, total: nil))
         // Its source retired: another with room.
         s = fresh()
-        let refused = s.refused(0, why: "gone")
-        #expect(refused != nil)
+        let (after, notice) = s.sourceFault(1, at: 0, .refused, why: "gone")
+        #expect(after == .moveTo(1) && notice != nil)
         let before4 = s.beforeAttempt(0, at: 0, holding: false)
         #expect(before4 == .go(source: 1, several: true, validators: nil, total: nil))
         // Another connection goes on alone: it stops.
@@ -243,5 +243,54 @@ import Testing
         s.fetchAlone(1)
         let before5 = s.beforeAttempt(0, at: 0, holding: false)
         #expect(before5 == .stop)
+    }
+
+    /// A source's fault (not this file, changed, refused): with several sources the connection
+    /// moves on, the source retired; with one the run starts over, the connection leaves, or the
+    /// download fails; nothing of it needs a server.
+    @Test func aSourcesFaultMovesTheConnectionOnOrEndsIt() {
+        func run(_ urls: [String], connections: [Int] = [0]) -> RunState {
+            var s = RunState(record: FileDownload.emptyRecord(url: urls[0]), minSplit: 100,
+                             sources: SourceSet(urls: urls, connections: 2))
+            s.newRound(connections: 2)
+            _ = s.partialResponse(segment: 0, at: 0, total: 10_000, validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
+                                  source: urls.count - 1, digest: nil, connections: 2)  // (the last source has delivered)
+            for c in connections {
+                let started = s.connectionStarted(c, asking: 0)
+                #expect(started)
+                _ = s.assign(c, unownedOnly: false, writers: [:], now: 0, connections: 2)
+            }
+            return s
+        }
+        let two = ["http://a/f", "http://b/f"]
+        // Several sources, each fault: the source goes, the connection moves to the other.
+        for fault in [RunState.SourceFault.notThisFile(otherFile: false), .notThisFile(otherFile: true), .changed, .refused] {
+            var s = run(two)
+            let (after, notice) = s.sourceFault(0, at: 0, fault, why: "no")
+            #expect(after == .moveTo(1), "\(fault)")
+            #expect(notice != nil, "\(fault): the retirement is said")
+            #expect(s.sources.isRetired(0), "\(fault)")
+            // The last live source is not retired: a second connection's fault there leaves.
+            let (again, _) = s.sourceFault(0, at: 1, fault, why: "no")
+            #expect(!s.sources.isRetired(1), "\(fault): the last live source was retired")
+            #expect(again != .moveTo(0), "\(fault): moved to a retired source")
+        }
+        // A changed file at a source another connection retired a moment ago: moved on, nothing said.
+        var s = run(two, connections: [0, 1])
+        _ = s.sourceFault(1, at: 0, .changed, why: "changed")
+        let (moved, said) = s.sourceFault(0, at: 0, .changed, why: "changed")
+        #expect(moved == .moveTo(1) && said == nil)
+        // One source: a changed file starts over; a refusal retires the connection while another
+        // fetches, and fails the download when it is the last.
+        s = run(["http://a/f"], connections: [0, 1])
+        #expect(s.sourceFault(0, at: 0, .changed, why: "changed") == (.startOver, nil))
+        let (retired, notice) = s.sourceFault(1, at: 0, .refused, why: "HTTP 403")
+        #expect(retired == .leave && notice == Attempt.retired(1, "HTTP 403"))
+        s.connectionLeft(1)
+        #expect(s.sourceFault(0, at: 0, .refused, why: "HTTP 403") == (.fail, nil))
+        // Stopped (another connection goes on alone): no facts, the attempt ends.
+        s.fetchAlone(1)
+        #expect(s.facts(for: 0, holding: 5) == nil)
+        #expect(s.facts(for: 1, holding: 5)?.held == 5)
     }
 }

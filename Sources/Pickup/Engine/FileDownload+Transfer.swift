@@ -217,12 +217,6 @@ extension FileDownload {
         // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
         // bytes that replace held ones (a 200 cut short, again and again) are not progress.
         var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects), held: held)
-        /// What the run says now, for the attempt's decisions (`held`: measured by the caller).
-        func facts(held: Int64) -> Attempt.Facts {
-            lock.withLock {
-                Attempt.Facts(held: held, othersFetching: state.activeConnections > 1, several: several, heldConfirmed: state.heldConfirmed)
-            }
-        }
         /// Goes on with source `to` (another mirror): its URL, its own redirects and failures.
         func move(to: Int) {
             source = to
@@ -230,11 +224,19 @@ extension FileDownload {
             url = lock.withLock { state.sources.url(to) }
             attempt.moved()
         }
-        /// Goes on with the best source with room; false when none has room (the connection leaves).
-        func moveOn() -> Bool {
-            guard let to = lock.withLock({ state.moveOn(id) }) else { return false }
-            move(to: to)
-            return true
+        /// The source's answer was `fault` (``RunState/sourceFault(_:at:_:why:)``): nil to go on
+        /// with another source, else how the range ends.
+        func leave(_ fault: RunState.SourceFault, why: String, status: Int = 0) throws -> RangeOutcome? {
+            let (next, notice) = lock.withLock { state.sourceFault(id, at: source, fault, why: why) }
+            if let notice { onEvent(.notice(notice)) }
+            switch next {
+            case .moveTo(let to):
+                move(to: to)
+                return nil
+            case .leave: return .retired
+            case .startOver: throw RepresentationChanged(reason: why)
+            case .fail: throw PickupError.refused(url, status: status, why: why)
+            }
         }
         while true {
             try Task.checkCancellation()
@@ -293,8 +295,7 @@ extension FileDownload {
                 case .rejected(let reason, let otherFile):
                     // This source's answer is not this file (another length, no ranges, other
                     // validators): retired, and the range goes on from another source.
-                    if let notice = lock.withLock({ state.reject(source, why: reason, otherFile: otherFile) }) { onEvent(.notice(notice)) }
-                    guard moveOn() else { return .retired }
+                    if let ended = try leave(.notThisFile(otherFile: otherFile), why: reason) { return ended }
                     continue
                 case .nothingToRead:
                     // The head said all there is to know (an unchanged file sent again, or a range
@@ -311,7 +312,8 @@ extension FileDownload {
                         stalled = "\(e.message); waiting up to \(TransportError.seconds(wait)) next time"
                     }
                 }
-                switch attempt.classify(e, connection: id, facts: facts(held: 0), stalled: stalled) {
+                let facts = lock.withLock { state.facts(for: id, holding: 0) } ?? Attempt.Facts(held: 0, othersFetching: false)
+                switch attempt.classify(e, connection: id, facts: facts, stalled: stalled) {
                 case .failure(let f): failure = f
                 case .leave(let notice):
                     onEvent(.notice(notice))
@@ -320,8 +322,8 @@ extension FileDownload {
                 }
             }
             cursor = sink.cursor
-            // Stopped meanwhile (another connection went on alone), else the most ever held.
-            guard let now = lock.withLock({ state.isStopped(id) ? nil : state.heldAtMost(heldBytes()) }) else { return .retired }
+            // Stopped meanwhile (another connection went on alone), else what the run says now.
+            guard let facts = lock.withLock({ state.facts(for: id, holding: heldBytes()) }) else { return .retired }
             if sink.decision?.writes == true, cursor.position.load(ordering: .relaxed) > offset { attempt.wrote() }
             switch sink.decision {
             case nil:
@@ -350,19 +352,10 @@ extension FileDownload {
                 if let conditional { return .ended(.unchanged(conditional.0, conditional.1)) }
                 return .done
             case .startOver(let why)?:
-                // One mirror's file is not the others' (changed, another length): it goes, not the bytes.
-                if several, let notice = lock.withLock({ state.reject(source, why: why, otherFile: true) }) {
-                    onEvent(.notice(notice))
-                    guard moveOn() else { return .retired }
-                    continue
-                }
-                // Another connection retired that source for the same answer a moment ago: this one
-                // moves on too, and the held bytes stay.
-                if several, lock.withLock({ state.sources.isRetired(source) }) {
-                    guard moveOn() else { return .retired }
-                    continue
-                }
-                throw RepresentationChanged(reason: why)
+                // One mirror's file is not the others' (changed, another length): it goes, not the
+                // bytes; the only source's file changed: the run starts over.
+                if let ended = try leave(.changed, why: why) { return ended }
+                continue
             case .redirect(let location)?:
                 if let tooMany = attempt.redirected() { throw tooMany }
                 url = try resolveRedirect(location, from: url)
@@ -377,16 +370,11 @@ extension FileDownload {
                     url = given
                     continue
                 }
-                if several, let notice = lock.withLock({ state.refused(source, why: why) }) {
-                    onEvent(.notice(notice))
-                    guard moveOn() else { return .retired }
-                    continue
-                }
-                if retire(id, because: why) { return .retired }
-                throw PickupError.refused(url, status: status, why: why)
+                if let ended = try leave(.refused, why: why, status: status) { return ended }
+                continue
             }
             guard let failure else { continue }
-            var next = attempt.failed(failure, connection: id, facts: facts(held: now), jitter: Double.random(in: 0...1))
+            var next = attempt.failed(failure, connection: id, facts: facts, jitter: Double.random(in: 0...1))
             if case .askSources(let f, let tooLong) = next {
                 // Several sources: a busy one (503, too many connections) takes no more, a failing
                 // one is left for another with room, and one that keeps failing is retired.
@@ -394,7 +382,7 @@ extension FileDownload {
                 if let notice { onEvent(.notice(notice)) }
                 switch answer {
                 case .retry:
-                    next = attempt.afterSources(f, connection: id, facts: facts(held: now), jitter: Double.random(in: 0...1))
+                    next = attempt.afterSources(f, connection: id, facts: facts, jitter: Double.random(in: 0...1))
                 case .moveTo(let to):
                     move(to: to)
                     continue
@@ -415,14 +403,6 @@ extension FileDownload {
                 try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay))
             }
         }
-    }
-
-    /// Retires connection `id` (its range goes back to the others) when other connections are
-    /// fetching; the last connection standing keeps the whole retry budget. Returns whether it did.
-    func retire(_ id: Int, because why: String) -> Bool {
-        guard lock.withLock({ state.activeConnections > 1 }) else { return false }
-        onEvent(.notice("connection \(id + 1) retired: \(why)"))
-        return true
     }
 
     /// Where a request for `offset..<end` ends. With several connections or sources an HTTP range

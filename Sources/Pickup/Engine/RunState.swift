@@ -556,11 +556,11 @@ struct RunState {
     }
 
     /// Connection `id` leaves its source for the best other one with room; nil when none has room.
-    mutating func moveOn(_ id: Int) -> Int? { sources.bind(id) }
+    private mutating func moveOn(_ id: Int) -> Int? { sources.bind(id) }
 
     /// Connection `id` moves to a source that can confirm the bytes held from an earlier run (one
     /// with a strong validator for `If-Range`); nil when none is live.
-    mutating func confirmingSource(for id: Int) -> Int? {
+    private mutating func confirmingSource(for id: Int) -> Int? {
         guard let c = sources.live.first(where: { record.validators(of: $0)?.ifRange != nil }) else { return nil }
         sources.bind(id, to: c)
         return c
@@ -576,8 +576,60 @@ struct RunState {
     /// Requests to source `source` go to `url` from now on (it redirected).
     mutating func redirected(_ source: Int, to url: String) { sources.redirected(source, to: url) }
 
-    /// Source `source` refused the file (`why`): retired while another is live; the notice, or nil.
-    mutating func refused(_ source: Int, why: String) -> String? { sources.retire(source, why: why) }
+    /// Why a source's answer makes connection leave it (``sourceFault(_:at:_:why:)``).
+    enum SourceFault: Equatable {
+        /// Not this file: another length, no ranges, other validators (`otherFile`: said to be
+        /// another file than the URL given first).
+        case notThisFile(otherFile: Bool)
+        /// Its file changed (another length or validators than the bytes held).
+        case changed
+        /// It refused the file (a final 4xx or 5xx).
+        case refused
+    }
+
+    /// What a connection does after a source's fault.
+    enum AfterFault: Equatable {
+        /// Goes on at that source.
+        case moveTo(Int)
+        /// Leaves: no source has room for it, or others fetch and take its range.
+        case leave
+        /// The only source's file changed: the run starts over from zero.
+        case startOver
+        /// The only source refused the file and no other connection fetches: the download fails.
+        case fail
+    }
+
+    /// Source `source` answered connection `id` with `fault` (`why`). With several sources the
+    /// source is retired while another is live (a mirror's rejection remembered in the record),
+    /// and the connection moves to the best one with room; a changed file at a source another
+    /// connection retired a moment ago moves it on too (the held bytes stay). With one source a
+    /// changed file starts over, and a refusal retires the connection while others fetch, else
+    /// fails the download. Returns what it does, and the notice to show, if any.
+    mutating func sourceFault(_ id: Int, at source: Int, _ fault: SourceFault, why: String) -> (AfterFault, notice: String?) {
+        let several = sources.several
+        var notice: String?
+        switch fault {
+        case .notThisFile(let otherFile):
+            notice = reject(source, why: why, otherFile: otherFile)
+        case .changed:
+            notice = several ? reject(source, why: why, otherFile: true) : nil
+            guard notice != nil || (several && sources.isRetired(source)) else { return (.startOver, nil) }
+        case .refused:
+            notice = several ? sources.retire(source, why: why) : nil
+            guard notice != nil else {
+                return activeConnections > 1 ? (.leave, Attempt.retired(id, why)) : (.fail, nil)
+            }
+        }
+        return (moveOn(id).map { .moveTo($0) } ?? .leave, notice)
+    }
+
+    /// What an attempt's outcome is decided with (``Attempt/Facts``), `held` bytes being held
+    /// now; nil when connection `id` is to stop (another goes on alone).
+    mutating func facts(for id: Int, holding held: Int64) -> Attempt.Facts? {
+        guard !isStopped(id) else { return nil }
+        return Attempt.Facts(held: heldAtMost(held), othersFetching: activeConnections > 1, several: sources.several,
+                             heldConfirmed: heldConfirmed)
+    }
 
     /// An attempt of connection `id` at source `source` failed with `failure` (several sources):
     /// a busy source takes no more (said once per change of its cap), a failing one is left for
