@@ -33,7 +33,7 @@ import TestServer
         #expect(Self.feed(&t, from: &s, steps: 1, load: 1.8, rate: 1e9, connections: 16) == [])
         #expect(Self.feed(&t, from: &s, steps: 1, load: 1.8, rate: 1e9, connections: 16) == [.shed])
         // One connection goes as fast: the shedding stays, and nothing more happens.
-        #expect(Self.feed(&t, from: &s, steps: 10, load: 1, rate: 0.9e9, connections: 1) == [])
+        #expect(Self.feed(&t, from: &s, steps: 10, load: 1, rate: 0.9e9, connections: 1) == [.keepShed])
         #expect(t.phase == .settled)
     }
 
@@ -46,6 +46,30 @@ import TestServer
         #expect(Self.feed(&t, from: &s, steps: 4, load: 1.5, rate: 10e6, connections: 1) == [.restore])
         // Decided once: busy windows later shed nothing.
         #expect(Self.feed(&t, from: &s, steps: 10, load: 2, rate: 80e6, connections: 8) == [])
+    }
+
+    /// A trial whose one connection is far slower ends after two windows; one that is only
+    /// somewhat slower takes the whole verify window.
+    @Test func aTrialFarSlowerEndsAtOnce() {
+        func trial(share: Double) -> [(Double, ConnectionTuner.Action)] {
+            var t = ConnectionTuner(threads: 2)
+            var s = Sample(time: 0, cpu: 0, bytes: 0, connections: 16)
+            _ = t.add(s)
+            _ = Self.feed(&t, from: &s, steps: 3, load: 1.8, rate: 320e6, connections: 16)  // shed
+            var out: [(Double, ConnectionTuner.Action)] = []
+            let start = s.time
+            for _ in 0..<12 {  // 25 ms samples on one connection
+                s = Sample(time: s.time + 0.025, cpu: s.cpu + 0.02, bytes: s.bytes + Int64(share * 320e6 * 0.025), connections: 1)
+                if let a = t.add(s) { out.append((((s.time - start) * 1000).rounded(), a)) }
+            }
+            return out
+        }
+        let sixteenth = trial(share: 1.0 / 16)
+        #expect(sixteenth.count == 1 && sixteenth[0].1 == .restore && sixteenth[0].0 <= 75, "\(sixteenth)")
+        let half = trial(share: 0.5)
+        #expect(half.count == 1 && half[0].1 == .restore && half[0].0 >= 200, "\(half)")
+        let same = trial(share: 1)
+        #expect(same.count == 1 && same[0].1 == .keepShed, "\(same)")
     }
 
     @Test func aProcessThatWaitsOnTheNetworkKeepsEveryConnection() {
@@ -120,9 +144,12 @@ import TestServer
 
     /// A downloader on 8 connections with the tuner on, in a process whose CPU clock says `busy`
     /// (four cores' worth every second, more than two threads can ever use) or idle.
-    static func tunedDownloader(state: FilePath, busy: Bool, onTune: (@Sendable (ConnectionTuner.Action) -> Void)? = nil) -> Downloader {
+    static func tunedDownloader(state: FilePath, busy: Bool, keepShare: Double? = nil, piecewise: Bool = true,
+                                onTune: (@Sendable (ConnectionTuner.Action) -> Void)? = nil) -> Downloader {
         var options = testOptions(state: state, connections: 8)
+        options.piecewise = piecewise
         options.onTune = onTune
+        options.tunerKeepShare = keepShare
         options.adaptiveConnections = true
         let started = Clock.monotonic()
         let busyClock: @Sendable () -> Double = { (Clock.monotonic() - started) * 4 }
@@ -135,13 +162,13 @@ import TestServer
     /// A download on 8 connections, each capped by the server low enough that even a starved
     /// process serves all eight at full speed (so one connection alone is clearly slower); ranges
     /// of 6 MiB, longer than a request's first piece (4 MiB), so shedding has responses to wait for.
-    func download(busy: Bool) async throws -> (EventLog, [RecordedRequest], Bool, [ConnectionTuner.Action], Int) {
+    func download(busy: Bool, piecewise: Bool = true) async throws -> (EventLog, [RecordedRequest], Bool, [ConnectionTuner.Action], Int) {
         let body = Resource.bytes(count: 48 * 1024 * 1024, seed: 9)  // 3 s: time to decide even under load
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()
         server.set("/t.bin", Resource(body: body, bytesPerSecond: 2 * 1024 * 1024))
         let tuned = NIOLockedValueBox<[ConnectionTuner.Action]>([])
-        let downloader = Self.tunedDownloader(state: state.path, busy: busy) { a in tuned.withLockedValue { $0.append(a) } }
+        let downloader = Self.tunedDownloader(state: state.path, busy: busy, piecewise: piecewise) { a in tuned.withLockedValue { $0.append(a) } }
         let events = EventLog()
         _ = try await downloader.download(DownloadRequest(url: server.url("/t.bin"), destination: .directory(dir.path))) {
             events.record($0)
@@ -154,8 +181,8 @@ import TestServer
         return (events, requests, exact, tuned.withLockedValue { $0 }, connections)
     }
 
-    /// Shed, found slower on one connection, restored: on the connections the shed ones kept open
-    /// (they finished their responses and waited), and without a word (a trial taken back is not news).
+    /// Shed, found slower on one connection, restored: on the connections the trial held open
+    /// (they read nothing meanwhile), and without a word (a trial taken back is not news).
     @Test func aBusyProcessShedsAndBringsCappedConnectionsBack() async throws {
         let (events, requests, exact, tuned, connections) = try await download(busy: true)
         #expect(exact)
@@ -168,15 +195,25 @@ import TestServer
         #expect(requests.dropFirst().allSatisfy { $0.headers["if-range"] != nil })
     }
 
+    /// Ranges asked for whole (plain HTTP's default): the trial holds the other connections
+    /// instead of cutting their responses, so a restore opens none again.
+    @Test func aTrialOnWholeRangesOpensNoConnectionAgain() async throws {
+        let (_, requests, exact, tuned, connections) = try await download(busy: true, piecewise: false)
+        #expect(exact)
+        #expect(tuned == [.shed, .restore])
+        #expect(connections <= 9, "\(connections) connections for \(requests.count) requests")
+    }
+
     @Test func anInterruptionAfterSheddingResumesByteExact() async throws {
         let body = Resource.bytes(count: 64 * 1024 * 1024, seed: 10)
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()
-        // Slow enough that the download is far from done when the shedding happens (ranges of
-        // 8 MiB, first pieces of 4 MiB: each shed range leaves an unowned tail).
+        // Slow enough that the download is far from done when the shedding stands (ranges of
+        // 8 MiB, first pieces of 4 MiB: each shed range leaves an unowned tail). The tuner keeps
+        // any shed (whatever one connection's speed), and the held connections end their ranges.
         server.set("/r.bin", Resource(body: body, bytesPerSecond: 1024 * 1024))
         let (shed, signal) = AsyncStream<Void>.makeStream()
-        let downloader = Self.tunedDownloader(state: state.path, busy: true) { if $0 == .shed { signal.yield() } }
+        let downloader = Self.tunedDownloader(state: state.path, busy: true, keepShare: 0) { if $0 == .keepShed { signal.yield() } }
         let task = Task {
             defer { signal.finish() }  // a download that ends without shedding ends the wait too
             return try await downloader.download(DownloadRequest(url: server.url("/r.bin"), destination: .directory(dir.path))) { _ in }

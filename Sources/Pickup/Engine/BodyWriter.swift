@@ -198,6 +198,19 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
         if offset >= limit && limit < responseEnd { throw SinkStopped(.rangeComplete) }
         var pause = 0.0
         for limiter in limiters { pause = max(pause, limiter.take(bytes.count)) }
+        let alone = download.trial.load(ordering: .relaxed)
+        if alone >= 0 {
+            if alone != connection {
+                pause = max(pause, Self.holdPause)
+            } else {
+                download.trialBytes.wrappingIncrement(by: Int64(n), ordering: .relaxed)
+            }
+        }
         return pause
     }
+
+    /// While the tuner tries one connection, each other one reads a chunk this often: its
+    /// connection stays open (and its stall timer quiet) for a restore. (The trial's speed is
+    /// the one connection's bytes alone, ``FileDownload/trialBytes``.)
+    static let holdPause = 0.1
 }

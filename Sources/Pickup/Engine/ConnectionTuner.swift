@@ -14,19 +14,25 @@ import NIOConcurrencyHelpers
 /// connections, the tuner watches the process's CPU time: when it uses at least `busyShare` of the
 /// threads its connections can run on, in `busyWindows` windows in a row (a server that lets every
 /// new connection burst, as nginx's `limit_rate` does, makes one busy window at the start of a
-/// throttled download), it asks to *shed* to one connection. It then compares the
-/// speed on one connection with the speed before: if one connection is clearly slower (below
-/// `keepShare` of it, over `verifyWindow`), the connections were earning their keep after all, and it asks to
-/// *restore* them. It decides once per run either way, so it never oscillates.
+/// throttled download), it asks to *shed* to one connection: a trial, in which the other
+/// connections are held (they read nothing, their connections and responses stay open). It then
+/// compares the speed on one connection with the speed before: if one connection is clearly
+/// slower (below `keepShare` of it, over `verifyWindow`), the connections were earning their keep
+/// after all, and it asks to *restore* them (they read on where they were: no connection is
+/// opened again); else it asks to *keep* the shed (the held ranges end where they are, and the one
+/// connection takes the rest). It decides once per run either way, so it never oscillates.
 struct ConnectionTuner: Sendable, Equatable {
     enum Action: Sendable, Equatable {
-        /// Go on with one connection.
+        /// Try one connection: hold the others.
         case shed
-        /// Bring the shed connections back.
+        /// The trial is over, one connection was slower: the held connections go on.
         case restore
+        /// The trial stands: go on with one connection (the held ranges end where they are).
+        case keepShed
     }
 
-    /// One reading: monotonic seconds, process CPU seconds, body bytes so far, connections with a range.
+    /// One reading: monotonic seconds, process CPU seconds, body bytes so far (during a trial, the
+    /// one connection's since it began), connections with a range (during a trial, 1).
     struct Sample: Sendable, Equatable {
         var time: Double
         var cpu: Double
@@ -40,9 +46,9 @@ struct ConnectionTuner: Sendable, Equatable {
         case warmup
         /// Several connections run; looking for a CPU-bound window.
         case watching
-        /// Shed at sample `at`: `rate` bytes/s was the speed before. The others finish the
-        /// responses they are reading (their connections stay open for a restore); `since` starts
-        /// the window that decides, once one connection runs.
+        /// Shed at sample `at`: `rate` bytes/s was the speed before. The others are held (their
+        /// connections stay open for a restore); `since` starts the window that decides, once
+        /// one connection runs.
         case shed(rate: Double, at: Sample, since: Sample?)
         /// Decided for this run.
         case settled
@@ -57,6 +63,10 @@ struct ConnectionTuner: Sendable, Equatable {
     var keepShare = 0.6
     /// Seconds of one-connection transfer that decide whether shedding stays.
     var verifyWindow = 0.2
+    /// A trial whose one connection brings less than this share of `keepShare` of the speed
+    /// before over two windows ends at once (connections each capped far below the link: one
+    /// of 16 at 20 MiB/s brings a sixteenth), without waiting the whole `verifyWindow`.
+    var clearlySlower = 0.33
     /// Threads the transport runs connections on.
     let threads: Int
     /// Windows shorter than this tell nothing. At 25 ms (a monitor step) a loopback download sheds
@@ -108,19 +118,20 @@ struct ConnectionTuner: Sendable, Equatable {
             shedFrom = s.connections
             return .shed
         case .shed(let before, let at, nil):
-            // The window that decides starts once the others have finished their responses. The
-            // speed before is the better of the watched windows' and the one while they finished
-            // (several connections still ran: a shed right after the start watched little).
+            // The window that decides starts with the trial's first sample (the others held).
             guard s.connections <= 1 else { return nil }
-            var rate = before
-            if s.time - at.time >= minWindow { rate = max(rate, Double(s.bytes - at.bytes) / (s.time - at.time)) }
-            phase = .shed(rate: rate, at: at, since: s)
+            phase = .shed(rate: before, at: at, since: s)
             return nil
         case .shed(let before, _, let since?):
-            guard s.time - since.time >= verifyWindow else { return nil }
+            let elapsed = s.time - since.time
+            let after = Double(s.bytes - since.bytes) / elapsed
+            if elapsed >= 2 * minWindow, after < clearlySlower * keepShare * before {
+                phase = .settled
+                return .restore
+            }
+            guard elapsed >= verifyWindow else { return nil }
             phase = .settled
-            let after = Double(s.bytes - since.bytes) / (s.time - since.time)
-            return after < keepShare * before ? .restore : nil
+            return after < keepShare * before ? .restore : .keepShed
         case .settled:
             return nil
         }

@@ -118,6 +118,8 @@ public struct DownloadOptions: Sendable {
     public var piecewise: Bool? = nil
     /// Told each decision of the connection tuner as it is carried out (tests).
     var onTune: (@Sendable (ConnectionTuner.Action) -> Void)? = nil
+    /// The tuner's ``ConnectionTuner/keepShare`` (tests: 0 keeps every shed, whatever the speeds).
+    var tunerKeepShare: Double? = nil
     /// A download's first request may go as a stream of an HTTP/2 connection shared with other
     /// downloads to the same host, when the server offers HTTP/2 (by ALPN, over TLS): many small
     /// files then cost one connection and one handshake, not one each. The ranges of a file that is

@@ -57,6 +57,7 @@ extension FileDownload {
                     if let running = decided.running, running > 1 {
                         if options.adaptiveConnections, tuner == nil {
                             tuner = ConnectionTuner(threads: options.transportThreads)
+                            if let share = options.tunerKeepShare { tuner?.keepShare = share }
                             _ = tuner?.add(tunerSample(connections: running))
                             monitor.sampleOften()
                         }

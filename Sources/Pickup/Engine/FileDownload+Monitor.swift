@@ -105,28 +105,44 @@ extension FileDownload {
 
     /// Feeds the tuner one sample and carries out what it decides.
     func tune() {
-        let (act, kept) = lock.withLock { () -> (ConnectionTuner.Action?, Int?) in
-            guard tuner != nil, tuner?.phase != .settled else { return (nil, nil) }
-            let sample = tunerSample()
-            let act = tuner?.add(sample)
-            // Shed and kept: said once, now that it is decided.
-            return (act, act == nil && tuner?.phase == .settled ? tuner?.shedFrom : nil)
-        }
-        if let kept {
-            onEvent(.notice("\(kept) connections add no speed here (this machine, not the network, sets the pace); going on with one"))
+        let act = lock.withLock { () -> ConnectionTuner.Action? in
+            guard tuner != nil, tuner?.phase != .settled else { return nil }
+            // During the trial one connection runs, and its bytes alone count; the others are held.
+            var sample = tunerSample()
+            if trial.load(ordering: .relaxed) >= 0 {
+                sample.connections = 1
+                sample.bytes = trialBytes.load(ordering: .relaxed)
+            }
+            return tuner?.add(sample)
         }
         if let act { options.onTune?(act) }
         switch act {
         case .shed?:
-            // Said once decided (above): a trial the tuner takes back (restore) is not news.
+            // A trial: the others are held where they are (said only if it stands: a trial the
+            // tuner takes back is not news).
             lock.withLock {
-                state.shedConnections(writers: writers())
-                publishEnds()
+                if let keeper = state.holdConnections(writers: writers()) {
+                    trialBytes.store(0, ordering: .relaxed)
+                    trial.store(keeper, ordering: .relaxed)
+                }
             }
         case .restore?:
-            // The connections shed finished their responses and wait, open, to be taken again.
+            // The held connections read on; any that finished its range meanwhile waits at the gate.
             lock.withLock { state.connectionsRestored() }
+            trial.store(-1, ordering: .relaxed)
             restore.open()
+        case .keepShed?:
+            // The held ranges end where they are (their writers see the lowered ends once they
+            // read again) and the one connection takes the rest.
+            let kept = lock.withLock { () -> Int? in
+                state.shedConnections(writers: writers())
+                publishEnds()
+                return tuner?.shedFrom
+            }
+            trial.store(-1, ordering: .relaxed)
+            if let kept {
+                onEvent(.notice("\(kept) connections add no speed here (this machine, not the network, sets the pace); going on with one"))
+            }
         case nil:
             break
         }

@@ -72,6 +72,11 @@ final class FileDownload: @unchecked Sendable {
     var endedEarly: Transferred?
     /// While shed to one connection (``ConnectionTuner``), the others wait here.
     let restore = Gate()
+    /// While the tuner tries one connection, that connection (-1: none): every other one reads
+    /// nothing but a chunk per ``BodyWriter/holdPause``, its connection and response kept open.
+    let trial = ManagedAtomic(-1)
+    /// Bytes that connection wrote during the trial: the speed the tuner decides on.
+    let trialBytes = ManagedAtomic<Int64>(0)
     /// Fed when more connections open and on every progress tick (nil: fixed connections).
     var tuner: ConnectionTuner?
     /// The user's header fields (with the URL's credentials as `Authorization`), for every request.

@@ -670,6 +670,19 @@ struct RunState {
     /// While the bad source is searched for, `source` (nil: none) takes no connection.
     mutating func suspend(_ source: Int?) { sources.suspend(source) }
 
+    /// The tuner tries one connection (``ConnectionTuner/Action/shed``): the fastest writer's
+    /// (`writers`) goes on, the others are held with their ranges. Returns the connection that
+    /// goes on, nil when none writes.
+    mutating func holdConnections(writers: [Int: Writer]) -> Int? {
+        let kept = ranges { s -> Int? in
+            for (i, w) in writers { s.report(i, done: w.written) }
+            return s.fastest(rates: writers.compactMapValues(\.rate)).flatMap { s.segments[$0].owner }
+        }
+        guard let keep = kept ?? nil else { return nil }
+        keeper = keep
+        return keep
+    }
+
     /// The tuner shed the connections: every range but the fastest writer's (`writers`) ends
     /// where it is; that writer's connection goes on alone. Returns whether it did.
     @discardableResult

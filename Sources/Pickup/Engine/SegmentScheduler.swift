@@ -209,12 +209,19 @@ public struct SegmentScheduler: Sendable, Equatable {
     /// own (``segments``): their writers read them from there (`RunState.end(ofRange:startingAt:)`).
     @discardableResult
     public mutating func shed(rates: [Int: Double] = [:]) -> Int? {
-        let owned = segments.indices.filter { segments[$0].owner != nil && segments[$0].remaining > 0 }
-        guard let keep = owned.max(by: {
-            (rates[$0] ?? 0, segments[$0].remaining) < (rates[$1] ?? 0, segments[$1].remaining)
-        }) else { return nil }
-        for i in owned where i != keep { cutAtProgress(i, finishingResponse: true) }
+        guard let keep = fastest(rates: rates) else { return nil }
+        for i in segments.indices where i != keep && segments[i].owner != nil && segments[i].remaining > 0 {
+            cutAtProgress(i, finishingResponse: true)
+        }
         return segments[keep].owner
+    }
+
+    /// The range a shed keeps: of the owned ranges with bytes left, the fastest writer's
+    /// (`rates`, by range), the one with the most left among equals.
+    public func fastest(rates: [Int: Double] = [:]) -> Int? {
+        segments.indices.filter { segments[$0].owner != nil && segments[$0].remaining > 0 }.max(by: {
+            (rates[$0] ?? 0, segments[$0].remaining) < (rates[$1] ?? 0, segments[$1].remaining)
+        })
     }
 
     /// Every range `owners` are writing ends at its reported progress, and the rest of it becomes
