@@ -13,7 +13,7 @@ let packedRelocations: [String] = {
     if Context.environment["PICKUP_PACKED_RELOCS"] == "0" { return [] }
     var text = [CChar](repeating: 0, count: 64)  // "glibc 2.36"
     guard confstr(Int32(_CS_GNU_LIBC_VERSION), &text, text.count) > 0 else { return [] }
-    let version = String(cString: text).split(separator: " ").last?.split(separator: ".").compactMap { Int($0) } ?? []
+    let version = String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self).split(separator: " ").last?.split(separator: ".").compactMap { Int($0) } ?? []
     if version.count >= 2, (version[0], version[1]) >= (2, 36) { return ["-Xlinker", "-z", "-Xlinker", "pack-relative-relocs"] }
     #endif
     return []
