@@ -5,7 +5,7 @@ import Testing
 
 /// A property test of ``RunState`` alone: thousands of random event sequences (the length
 /// learnt, ranges planned, writers writing, connections taking ranges and giving them back, the
-/// tuner shedding, checkpoints whose fsync and store come later, restarts, kills followed by a
+/// tuner's trial and shedding, checkpoints whose fsync and store come later, restarts, kills followed by a
 /// recovery, the finish), checked after every event against a model of the disk:
 /// - the ranges (the scheduler's and the record's, one shape) cover the file exactly once;
 /// - no range of the record, nor of any control file stored, claims a byte that is not durable.
@@ -142,10 +142,11 @@ import Testing
                         pending = nil
                         store(action, fsynced: synced)
                     }
-                case 7:  // the tuner sheds to one connection, or brings the others back
-                    if pick(3) == 0 {
-                        state.connectionsRestored()
-                    } else {
+                case 7:  // the tuner tries one connection (holding the others), sheds to it, or brings them back
+                    switch pick(3) {
+                    case 0: state.connectionsRestored()
+                    case 1: _ = state.holdConnections(writers: sampled())
+                    default:
                         state.shedConnections(writers: sampled())
                         publishEnds()
                     }

@@ -87,7 +87,9 @@ struct SinkStopped: SinkError {
 /// writes the body at its offset in the partial file.
 ///
 /// `receiveBody` is the per-chunk path: one atomic load, one `pwrite`, two atomic stores, one
-/// atomic load per speed limit (a lock only when a limit is set); no allocation, no actor hop, no await.
+/// atomic load per speed limit (a lock only when a limit is set), one load of the tuner's trial
+/// (``FileDownload/trial``, and an atomic add for the one connection during a trial); no
+/// allocation, no actor hop, no await.
 final class BodyWriter: ResponseSink, @unchecked Sendable {
     // The transport calls this object from one thread at a time, in order (head, then body parts);
     // the engine reads `decision` only after `fetch` has returned. Cross-thread readers use the atomics.

@@ -46,10 +46,9 @@ struct ConnectionTuner: Sendable, Equatable {
         case warmup
         /// Several connections run; looking for a CPU-bound window.
         case watching
-        /// Shed at sample `at`: `rate` bytes/s was the speed before. The others are held (their
-        /// connections stay open for a restore); `since` starts the window that decides, once
-        /// one connection runs.
-        case shed(rate: Double, at: Sample, since: Sample?)
+        /// Shed: `rate` bytes/s was the speed before. The others are held (their connections
+        /// stay open for a restore); `since` starts the window that decides, once one connection runs.
+        case shed(rate: Double, since: Sample?)
         /// Decided for this run.
         case settled
     }
@@ -114,15 +113,15 @@ struct ConnectionTuner: Sendable, Equatable {
             busyInARow += 1
             guard busyInARow >= busyWindows else { return nil }
             let from = watchStart ?? previous
-            phase = .shed(rate: Double(s.bytes - from.bytes) / (s.time - from.time), at: s, since: nil)
+            phase = .shed(rate: Double(s.bytes - from.bytes) / (s.time - from.time), since: nil)
             shedFrom = s.connections
             return .shed
-        case .shed(let before, let at, nil):
+        case .shed(let before, nil):
             // The window that decides starts with the trial's first sample (the others held).
             guard s.connections <= 1 else { return nil }
-            phase = .shed(rate: before, at: at, since: s)
+            phase = .shed(rate: before, since: s)
             return nil
-        case .shed(let before, _, let since?):
+        case .shed(let before, let since?):
             let elapsed = s.time - since.time
             let after = Double(s.bytes - since.bytes) / elapsed
             if elapsed >= 2 * minWindow, after < clearlySlower * keepShare * before {

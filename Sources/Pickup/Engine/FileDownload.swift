@@ -8,8 +8,8 @@ import SystemPackage
 /// One run of one download: find what is already held, fetch the rest over one or more
 /// connections with retries, checkpoint, verify, and put the file in place by an atomic rename.
 ///
-/// The hot path (``BodyWriter/receiveBody(_:)``) touches only atomics (a ``SegmentCursor`` and
-/// `transferred`); everything else the transport threads and the engine share is under `lock`.
+/// The hot path (``BodyWriter/receiveBody(_:)``) touches only atomics (a ``SegmentCursor``,
+/// `transferred`, the tuner's `trial`); everything else the transport threads and the engine share is under `lock`.
 final class FileDownload: @unchecked Sendable {
     let request: DownloadRequest
     let options: DownloadOptions
@@ -74,6 +74,8 @@ final class FileDownload: @unchecked Sendable {
     let restore = Gate()
     /// While the tuner tries one connection, that connection (-1: none): every other one reads
     /// nothing but a chunk per ``BodyWriter/holdPause``, its connection and response kept open.
+    /// The data path's copy of `RunState.keeper` for the trial's length, as a cursor's `end` is of
+    /// its range's end: written by ``tune()`` only, next to the state's event.
     let trial = ManagedAtomic(-1)
     /// Bytes that connection wrote during the trial: the speed the tuner decides on.
     let trialBytes = ManagedAtomic<Int64>(0)
