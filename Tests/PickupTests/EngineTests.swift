@@ -140,11 +140,8 @@ import TestServer
     }
 
     @Test func httpsToHttpRedirectIsRefused() throws {
-        let run = try FileDownload(
-            request: DownloadRequest(url: "https://example.com/a", destination: .directory("/tmp")),
-            options: DownloadOptions(), transport: NoTransport(), onEvent: { _ in })
-        #expect(throws: PickupError.self) { try run.resolveRedirect("http://example.com/b", from: "https://example.com/a") }
-        #expect(try run.resolveRedirect("/b", from: "https://example.com/a") == "https://example.com/b")
+        #expect(throws: PickupError.self) { try Attempt.resolveRedirect("http://example.com/b", from: "https://example.com/a", allowInsecure: false) }
+        #expect(try Attempt.resolveRedirect("/b", from: "https://example.com/a", allowInsecure: false) == "https://example.com/b")
     }
 
     @Test func bodyWithoutLengthDownloadsInOneGo() async throws {

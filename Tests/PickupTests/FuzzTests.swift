@@ -67,7 +67,7 @@ struct SplitMix: RandomNumberGenerator {
                 #expect(!DownloadURL.redacted(candidate).contains("secret"))
             }
             let base = ["http://127.0.0.1:8080/a/b", "https://example.com/"][Int(rng.next() % 2)]
-            if let next = try? FileDownload.resolveRedirect(candidate, from: base, allowInsecure: true) {
+            if let next = try? Attempt.resolveRedirect(candidate, from: base, allowInsecure: true) {
                 let request = try HTTPClient.Request(url: next)
                 #expect((1...65535).contains(request.port), "\(candidate) -> \(next)")
             }
@@ -79,7 +79,7 @@ struct SplitMix: RandomNumberGenerator {
         for bad in ["http://127.0.0.1:99999/x", "http://[::1]:70000/", "http://127.0.0.1:0/", "http://:80/", "http:///x"] {
             #expect(throws: PickupError.self, "\(bad)") { try DownloadURL.check(bad) }
         }
-        #expect(throws: PickupError.self) { try FileDownload.resolveRedirect("http://127.0.0.1:99999/", from: "http://a/", allowInsecure: false) }
+        #expect(throws: PickupError.self) { try Attempt.resolveRedirect("http://127.0.0.1:99999/", from: "http://a/", allowInsecure: false) }
         #expect(DownloadURL.redacted("https://me:hunter2@example.com/f?x=@") == "https://***@example.com/f?x=@")
         #expect(DownloadURL.redacted("https://ghp_TOKEN@example.com/f") == "https://***@example.com/f")
         #expect(DownloadURL.redacted("https://example.com/a@b") == "https://example.com/a@b")

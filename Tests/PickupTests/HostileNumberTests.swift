@@ -54,7 +54,7 @@ import TestServer
             #expect(throws: PickupError.self, "\(bad)") { try DownloadURL.check(bad) }
         }
         #expect(throws: PickupError.self) {
-            try FileDownload.resolveRedirect("http://127.0.0.1:99999999999999999999/", from: "http://a/", allowInsecure: false)
+            try Attempt.resolveRedirect("http://127.0.0.1:99999999999999999999/", from: "http://a/", allowInsecure: false)
         }
         // The same in a proxy's URL (it went to 3128 or 1080).
         for bad in ["http://h:99999999999999999999", "socks5h://h:65536", "pu:pw@h:18446744073709551616", "h:0"] {
@@ -96,7 +96,7 @@ import TestServer
                                          validators: Validators(etag: "\"\(n)\"", lastModified: date, date: date),
                                          totalLength: rng.next() % 2 == 0 ? Int64(bitPattern: rng.next()) : nil)
             if case .redirect(let location) = ResponseDecision.decide(head, context: context, now: now),
-                let next = try? FileDownload.resolveRedirect(location, from: "http://a/", allowInsecure: true)
+                let next = try? Attempt.resolveRedirect(location, from: "http://a/", allowInsecure: true)
             {
                 let checked = try DownloadURL.check(next)
                 #expect((1...65535).contains(checked.port ?? 80), "\(location)")

@@ -228,17 +228,17 @@ import Testing
         s = fresh()
         s.describe { $0.setValidators(strong, of: 1) }
         let before2 = s.beforeAttempt(0, at: 0, holding: true)
-        #expect(before2 == .go(source: 1, several: true, validators: strong, total: nil))
+        #expect(before2 == .go(source: 1, several: true, validators: strong, total: nil, patience: 0))
         // Nothing held in its range: it asks where it was.
         s = fresh()
         let before3 = s.beforeAttempt(0, at: 0, holding: false)
-        #expect(before3 == .go(source: 0, several: true, validators: nil, total: nil))
+        #expect(before3 == .go(source: 0, several: true, validators: nil, total: nil, patience: 0))
         // Its source retired: another with room.
         s = fresh()
         let (after, notice) = s.sourceFault(1, at: 0, .refused, why: "gone")
         #expect(after == .moveTo(1) && notice != nil)
         let before4 = s.beforeAttempt(0, at: 0, holding: false)
-        #expect(before4 == .go(source: 1, several: true, validators: nil, total: nil))
+        #expect(before4 == .go(source: 1, several: true, validators: nil, total: nil, patience: 0))
         // Another connection goes on alone: it stops.
         s = fresh()
         s.fetchAlone(1)
@@ -293,5 +293,57 @@ import Testing
         s.fetchAlone(1)
         #expect(s.facts(for: 0, holding: 5) == nil)
         #expect(s.facts(for: 1, holding: 5)?.held == 5)
+    }
+
+    /// Which connections fetch is one phase: all; one for the tuner's trial or shed, until it
+    /// restores the others (or a restart does); one for good once responses disagreed, which
+    /// neither the tuner nor a restart undoes. Only the one that fetches gets a range.
+    @Test func whichConnectionsFetchIsOnePhase() {
+        func writers(_ s: RunState) -> [Int: RunState.Writer] {
+            Dictionary(uniqueKeysWithValues: (s.scheduler?.segments.indices ?? 0..<0).map { i in
+                let seg = s.scheduler!.segments[i]
+                return (i, RunState.Writer(written: seg.done + 10, position: seg.start + seg.done + 10, beganAt: seg.start, began: 0,
+                                           rate: Double(i + 1)))
+            })
+        }
+        /// `n` connections, each with a range of a 100,000-byte file.
+        func running(_ n: Int) -> RunState {
+            var s = RunState(record: FileDownload.emptyRecord(url: "u"), minSplit: 100)
+            s.newRound(connections: n)
+            _ = s.partialResponse(segment: 0, at: 0, total: 100_000,
+                                  validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
+                                  digest: nil, connections: n)
+            for c in 0..<n {
+                _ = s.connectionStarted(c, asking: 0)
+                _ = s.assign(c, unownedOnly: false, writers: [:], now: 0, connections: n)
+            }
+            return s
+        }
+        var s = running(4)
+        #expect(s.connections == .all)
+        let keeper = s.holdConnections(writers: writers(s))
+        #expect(keeper != nil && s.connections == .shed(keeper: keeper!))
+        let other = (0..<4).first { $0 != keeper }!
+        let held = s.assign(other, unownedOnly: false, writers: writers(s), now: 1, connections: 4)
+        #expect(held == nil, "a held connection takes no range")
+        let wait = s.endgameWait(other, writers: writers(s), now: 1)
+        #expect(wait == nil)
+        s.connectionsRestored()
+        #expect(s.connections == .all)
+        // One for good: the tuner's trial neither replaces it nor undoes it, and nor does a restart.
+        s.fetchAlone(2)
+        let again = s.fetchAlone(3, once: true)
+        #expect(!again && s.connections == .alone(2))
+        let (hold, shed) = (s.holdConnections(writers: writers(s)), s.shedConnections(writers: writers(s)))
+        #expect(hold == nil && !shed)
+        s.connectionsRestored()
+        _ = s.restarted { _ in }
+        #expect(s.connections == .alone(2) && s.isStopped(0) && !s.isStopped(2) && s.connectionsAllowed(4) == 1)
+        // A restart ends a trial.
+        var t = running(2)
+        let shed2 = t.shedConnections(writers: writers(t))
+        #expect(shed2)
+        _ = t.restarted { _ in }
+        #expect(t.connections == .all)
     }
 }

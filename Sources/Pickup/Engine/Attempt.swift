@@ -1,3 +1,5 @@
+import Foundation
+
 /// One connection's attempts at its range, as a value: after each failure, what to do next (back
 /// off and retry, let the sources decide, leave the range to the others, give up), and the
 /// bounds on redirects, unresolvable names and retries of the URL the user gave. No I/O and no
@@ -8,6 +10,8 @@ struct Attempt: Sendable, Equatable {
     struct Limits: Sendable, Equatable {
         var retry: RetryPolicy
         var maxRedirects: Int
+        /// A redirect from https to http is followed (`--insecure`).
+        var allowInsecureRedirects = false
         /// A connection's own failures in a row after which it leaves its range to the others.
         var retireAfter = 3
     }
@@ -23,6 +27,8 @@ struct Attempt: Sendable, Equatable {
         /// Bytes held from an earlier run are confirmed by a source (until then the source that
         /// can confirm them is retried in place).
         var heldConfirmed = true
+        /// The file's length, when known.
+        var total: Int64?
     }
 
     /// A failure to count.
@@ -64,16 +70,24 @@ struct Attempt: Sendable, Equatable {
     private(set) var unresolved = 0
     /// Bytes held at the last failure.
     private(set) var heldAtLastFailure: Int64
+    /// The URL the next request asks (where the source's redirects led).
+    private(set) var url: String
+    /// The URL the source was given as.
+    private(set) var given: String
 
-    init(limits: Limits, held: Int64) {
+    init(limits: Limits, held: Int64, url: String = "", given: String? = nil) {
         self.limits = limits
         heldAtLastFailure = held
+        self.url = url
+        self.given = given ?? url
     }
 
-    /// The connection goes on with another source: that source's redirects and failures start
-    /// from zero (the give-up budget, which counts the whole download's progress, does not).
-    mutating func moved() {
+    /// The connection goes on with another source, given as `given` and asked at `url`: that
+    /// source's redirects and failures start from zero (the give-up budget, which counts the
+    /// whole download's progress, does not).
+    mutating func moved(to url: String, given: String) {
         (redirects, ownFailures, triedGivenURLAgain, unresolved) = (0, 0, false, 0)
+        (self.url, self.given) = (url, given)
     }
 
     /// The connection wrote bytes of the file: its own failures in a row end.
@@ -83,14 +97,6 @@ struct Attempt: Sendable, Equatable {
     mutating func redirected() -> PickupError? {
         redirects += 1
         return redirects > limits.maxRedirects ? .server(status: nil, "more than \(limits.maxRedirects) redirects") : nil
-    }
-
-    /// A 403, 404 or 410 from where a redirect led: whether to ask the URL the user gave once
-    /// more (a signed redirect may have expired).
-    mutating func askGivenURLAgain(status: Int, redirectedAway: Bool) -> Bool {
-        guard [403, 404, 410].contains(status), redirectedAway, !triedGivenURLAgain else { return false }
-        triedGivenURLAgain = true
-        return true
     }
 
     /// How a transport error counts for connection `id` (`stalled`: what to say of a stall, with
@@ -156,5 +162,113 @@ struct Attempt: Sendable, Equatable {
     static func tenths(_ seconds: Double) -> String {
         let t = Int((Seconds.clamped(seconds) * 10).rounded())
         return "\(t / 10).\(t % 10)"
+    }
+}
+
+extension Attempt {
+    /// What one response came to, as its writer saw it (``answered(_:)``).
+    struct Response: Sendable, Equatable {
+        /// What the head decided (nil: no head, the transport failed first).
+        var decision: ResponseDecision?
+        /// The transport's failure, already classified (``classify(_:connection:facts:stalled:)``).
+        var failure: Failure?
+        /// The range's writer moved forward in this response.
+        var advanced = false
+        /// Where the range's writer is now.
+        var position: Int64 = 0
+        /// Where the range ends: its end, or the file's length where that is smaller (`.max`: no
+        /// length is known).
+        var limit: Int64 = .max
+        /// The body ended where its head said.
+        var finishedResponse = false
+        /// The response's status (0: none).
+        var status = 0
+        /// The request asked whether a finished file changed.
+        var conditional = false
+    }
+
+    /// What the connection does after a response (``answered(_:)``).
+    enum Step: Sendable, Equatable {
+        /// Ask again at once: the next piece of the range on the same connection, a redirect's
+        /// target (``url``), the URL the user gave once more.
+        case again
+        /// Ask again at once at ``url``, where the source redirected.
+        case redirected
+        /// The range is complete; `lengthIsHeld`: no length was known, and the bytes held are it.
+        case done(lengthIsHeld: Bool)
+        /// The server says the finished file is unchanged.
+        case unchanged
+        /// The source's answer makes the connection leave it (``RunState/sourceFault(_:at:_:why:)``).
+        case fault(RunState.SourceFault, why: String, status: Int)
+        /// A failure to count: ``failed(_:connection:facts:jitter:)`` says what next.
+        case failed(Failure)
+        /// The download fails.
+        case fail(PickupError)
+    }
+
+    /// The response `r` ended: what the connection does next. Counts what it wrote, redirects
+    /// (and resolves them, checked as the user's URL is) and the one retry of the URL the user
+    /// gave after a refusal from where a redirect led.
+    mutating func answered(_ r: Response) -> Step {
+        if r.advanced, r.decision?.writes == true { wrote() }
+        switch r.decision {
+        case nil:
+            break
+        case .append?, .replace?:
+            guard r.failure == nil else { break }
+            // A whole response to a piece of the range: the next piece is asked for at once.
+            if r.position < r.limit, r.finishedResponse { return .again }
+            if r.limit != .max, r.position < r.limit {
+                return .failed(Failure(message: "the response ended after \(ByteCount.format(r.position)) of \(ByteCount.format(r.limit))"))
+            }
+            return .done(lengthIsHeld: r.limit == .max)
+        case .alreadyComplete?:
+            return .done(lengthIsHeld: true)
+        case .notModified?:
+            return r.conditional ? .unchanged : .done(lengthIsHeld: false)
+        case .startOver(let why)?:
+            // One mirror's file is not the others' (changed, another length): it goes, not the
+            // bytes; the only source's file changed: the run starts over.
+            return .fault(.changed, why: why, status: 0)
+        case .redirect(let location)?:
+            if let tooMany = redirected() { return .fail(tooMany) }
+            do throws(PickupError) {
+                url = try Self.resolveRedirect(location, from: url, allowInsecure: limits.allowInsecureRedirects)
+            } catch {
+                return .fail(error)
+            }
+            return .redirected
+        case .retry(let after, let why)?:
+            return .failed(Failure(message: why, busy: r.status == 503 || r.status == 429, retryAfter: after))
+        case .fail(let status, let why)?:
+            // A 403, 404 or 410 from where a redirect led: the URL the user gave is asked once
+            // more (a signed redirect may have expired).
+            if [403, 404, 410].contains(status), url != given, !triedGivenURLAgain {
+                triedGivenURLAgain = true
+                url = given
+                return .again
+            }
+            return .fault(.refused, why: why, status: status)
+        }
+        return r.failure.map { .failed($0) } ?? .again
+    }
+
+    /// The absolute URL a `Location` leads to, checked as the user's URL is (``DownloadURL/check(_:)``):
+    /// http or https only, and never from https to http unless `allowInsecure`.
+    static func resolveRedirect(_ location: String, from current: String, allowInsecure: Bool) throws(PickupError) -> String {
+        let shown = DownloadURL.redacted(String(location.prefix(200)))
+        guard location.utf8.count <= DownloadURL.maxLength, let base = URL(string: current),
+            let next = URL(string: location, relativeTo: base)?.absoluteURL,
+            let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
+        else { throw PickupError.server(status: nil, "unusable redirect to '\(shown)'") }
+        do throws(PickupError) {
+            try DownloadURL.check(next.absoluteString)
+        } catch {
+            throw PickupError.server(status: nil, "unusable redirect: \(error.description)")
+        }
+        if base.scheme?.lowercased() == "https", scheme == "http", !allowInsecure {
+            throw PickupError.server(status: nil, "refusing redirect from https to http (\(DownloadURL.redacted(next.absoluteString))); use --insecure to allow")
+        }
+        return next.absoluteString
     }
 }

@@ -203,26 +203,29 @@ extension FileDownload {
         case ended(Transferred)
     }
 
-    /// Fetches one range with retries until it is complete.
+    /// Fetches one range with retries until it is complete. The decisions are values'
+    /// (``RunState`` for the run's, ``Attempt`` for this connection's); this runs them.
     func fetchRange(_ id: Int, cursor initial: SegmentCursor, file: PartialFile,
                     conditional initialConditional: (FilePath, CompletionRecord)?) async throws -> RangeOutcome
     {
         var cursor = initial
         var conditional = initialConditional
-        var (source, several, url, held) = lock.withLock { () -> (Int, Bool, String, Int64) in
-            let source = state.sources.source(of: id) ?? 0
-            return (source, state.sources.several, state.sources.url(source), state.heldAtMost(heldBytes()))
+        var source = 0
+        let (held, start, given) = lock.withLock { () -> (Int64, String, String) in
+            source = state.sources.source(of: id) ?? 0
+            return (state.heldAtMost(heldBytes()), state.sources.url(source), state.sources.sources[source].url)
         }
         // "Progress" is more bytes held than ever before in this run, on any connection, since this
         // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
         // bytes that replace held ones (a 200 cut short, again and again) are not progress.
-        var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects), held: held)
+        var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects,
+                                                     allowInsecureRedirects: options.allowInsecureRedirects),
+                              held: held, url: start, given: given)
         /// Goes on with source `to` (another mirror): its URL, its own redirects and failures.
         func move(to: Int) {
             source = to
             conditional = nil  // a finished file's validators are one source's
-            url = lock.withLock { state.sources.url(to) }
-            attempt.moved()
+            lock.withLock { attempt.moved(to: state.sources.url(to), given: state.sources.sources[to].url) }
         }
         /// The source's answer was `fault` (``RunState/sourceFault(_:at:_:why:)``): nil to go on
         /// with another source, else how the range ends.
@@ -235,7 +238,7 @@ extension FileDownload {
                 return nil
             case .leave: return .retired
             case .startOver: throw RepresentationChanged(reason: why)
-            case .fail: throw PickupError.refused(url, status: status, why: why)
+            case .fail: throw PickupError.refused(attempt.url, status: status, why: why)
             }
         }
         while true {
@@ -243,12 +246,12 @@ extension FileDownload {
             if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
             // What the run says before this attempt, in one look (``RunState/beforeAttempt(_:at:holding:)``).
             let before = lock.withLock { state.beforeAttempt(id, at: source, holding: cursor.position.load(ordering: .relaxed) > 0) }
-            guard case .go(let to, let isSeveral, let validators, let total) = before else {
+            guard case .go(let to, let several, let validators, let total, let patience) = before else {
                 if before == .noConfirmer { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
                 return .retired
             }
-            several = isSeveral
             if to != source { move(to: to) }
+            let url = attempt.url
             var offset = cursor.position.load(ordering: .relaxed)
             let end = cursor.end.load(ordering: .relaxed)
             if conditional == nil, offset >= end || (total != nil && offset >= total!) { return .done }
@@ -283,7 +286,6 @@ extension FileDownload {
                 }
             }
             do {
-                let patience = lock.withLock { state.patience[id] ?? 0 }
                 // A first request (no length known yet) may share an HTTP/2 connection; ranges do not.
                 let request = FetchRequest(url: url, headers: headers, lane: laneBase &+ id, patience: patience,
                                            multiplex: options.multiplex && offset == 0 && total == nil)
@@ -324,84 +326,70 @@ extension FileDownload {
             cursor = sink.cursor
             // Stopped meanwhile (another connection went on alone), else what the run says now.
             guard let facts = lock.withLock({ state.facts(for: id, holding: heldBytes()) }) else { return .retired }
-            if sink.decision?.writes == true, cursor.position.load(ordering: .relaxed) > offset { attempt.wrote() }
-            switch sink.decision {
-            case nil:
-                break
-            case .append?, .replace?:
-                conditional = nil
-                if failure == nil {
-                    let pos = cursor.position.load(ordering: .relaxed)
-                    let limit = min(cursor.end.load(ordering: .relaxed), lock.withLock { record.totalLength } ?? .max)
-                    if pos < limit, sink.finishedResponse {
-                        // A whole response to a piece of the range: the next piece is asked for at
-                        // once, on the same connection.
-                        continue
-                    }
-                    if limit != .max, pos < limit {
-                        failure = Attempt.Failure(message: "the response ended after \(ByteCount.format(pos)) of \(ByteCount.format(limit))")
-                    } else {
-                        if limit == .max { lock.withLock { completeUnknownLength(cursor) } }
-                        return .done
-                    }
-                }
-            case .alreadyComplete?:
-                lock.withLock { completeUnknownLength(cursor) }
-                return .done
-            case .notModified?:
-                if let conditional { return .ended(.unchanged(conditional.0, conditional.1)) }
-                return .done
-            case .startOver(let why)?:
-                // One mirror's file is not the others' (changed, another length): it goes, not the
-                // bytes; the only source's file changed: the run starts over.
-                if let ended = try leave(.changed, why: why) { return ended }
-                continue
-            case .redirect(let location)?:
-                if let tooMany = attempt.redirected() { throw tooMany }
-                url = try resolveRedirect(location, from: url)
+            if sink.decision?.writes == true { conditional = nil }
+            let position = cursor.position.load(ordering: .relaxed)
+            let response = Attempt.Response(decision: sink.decision, failure: failure, advanced: position > offset, position: position,
+                                            limit: min(cursor.end.load(ordering: .relaxed), facts.total ?? .max),
+                                            finishedResponse: sink.finishedResponse, status: sink.status, conditional: conditional != nil)
+            switch attempt.answered(response) {
+            case .again: continue
+            case .redirected:
                 // Further requests to this source start there (one source: the first connection's say).
-                if several || id == 0 { lock.withLock { state.redirected(source, to: url) } }
+                if several || id == 0 { lock.withLock { state.redirected(source, to: attempt.url) } }
                 continue
-            case .retry(let after, let why)?:
-                failure = Attempt.Failure(message: why, busy: sink.status == 503 || sink.status == 429, retryAfter: after)
-            case .fail(let status, let why)?:
-                let given = lock.withLock { state.sources.sources[source].url }
-                if attempt.askGivenURLAgain(status: status, redirectedAway: url != given) {
-                    url = given
-                    continue
-                }
-                if let ended = try leave(.refused, why: why, status: status) { return ended }
+            case .done(let lengthIsHeld):
+                if lengthIsHeld { lock.withLock { completeUnknownLength(cursor) } }
+                return .done
+            case .unchanged:
+                guard let conditional else { return .done }
+                return .ended(.unchanged(conditional.0, conditional.1))
+            case .fault(let fault, let why, let status):
+                if let ended = try leave(fault, why: why, status: status) { return ended }
                 continue
-            }
-            guard let failure else { continue }
-            var next = attempt.failed(failure, connection: id, facts: facts, jitter: Double.random(in: 0...1))
-            if case .askSources(let f, let tooLong) = next {
-                // Several sources: a busy one (503, too many connections) takes no more, a failing
-                // one is left for another with room, and one that keeps failing is retired.
-                let (answer, notice) = lock.withLock { state.attemptFailed(source: source, connection: id, f, tooLong: tooLong) }
-                if let notice { onEvent(.notice(notice)) }
-                switch answer {
-                case .retry:
-                    next = attempt.afterSources(f, connection: id, facts: facts, jitter: Double.random(in: 0...1))
-                case .moveTo(let to):
-                    move(to: to)
-                    continue
-                case .leave:
-                    if !f.busy { onEvent(.notice(Attempt.retired(id, f.message))) }
-                    return .retired
-                }
-            }
-            switch next {
-            case .askSources: continue  // (answered above)
-            case .leave(let notice):
-                onEvent(.notice(notice))
-                return .retired
             case .fail(let error): throw error
-            case .backOff(let delay, let notice):
-                checkpointSoon()
-                onEvent(.notice(notice))
-                try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay))
+            case .failed(let failure):
+                switch try await afterFailure(failure, id, source: source, facts: facts, attempt: &attempt) {
+                case .again: continue
+                case .moveTo(let to): move(to: to)
+                case .retired: return .retired
+                }
             }
+        }
+    }
+
+    enum AfterFailure { case again, moveTo(Int), retired }
+
+    /// A counted failure of connection `id` at `source`: the attempt's answer, the sources' where
+    /// there are several, then the backoff (or the end of this connection, or of the download).
+    func afterFailure(_ failure: Attempt.Failure, _ id: Int, source: Int, facts: Attempt.Facts,
+                      attempt: inout Attempt) async throws -> AfterFailure {
+        var next = attempt.failed(failure, connection: id, facts: facts, jitter: Double.random(in: 0...1))
+        if case .askSources(let f, let tooLong) = next {
+            // Several sources: a busy one (503, too many connections) takes no more, a failing
+            // one is left for another with room, and one that keeps failing is retired.
+            let (answer, notice) = lock.withLock { state.attemptFailed(source: source, connection: id, f, tooLong: tooLong) }
+            if let notice { onEvent(.notice(notice)) }
+            switch answer {
+            case .retry:
+                next = attempt.afterSources(f, connection: id, facts: facts, jitter: Double.random(in: 0...1))
+            case .moveTo(let to):
+                return .moveTo(to)
+            case .leave:
+                if !f.busy { onEvent(.notice(Attempt.retired(id, f.message))) }
+                return .retired
+            }
+        }
+        switch next {
+        case .askSources: return .again  // (answered above)
+        case .leave(let notice):
+            onEvent(.notice(notice))
+            return .retired
+        case .fail(let error): throw error
+        case .backOff(let delay, let notice):
+            checkpointSoon()
+            onEvent(.notice(notice))
+            try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay))
+            return .again
         }
     }
 
@@ -461,27 +449,5 @@ extension FileDownload {
             cursor.end.store(pos, ordering: .relaxed)
             state.unknownLengthEnded(at: pos, segment: cursor.segment)
         }
-    }
-
-    func resolveRedirect(_ location: String, from current: String) throws -> String {
-        try Self.resolveRedirect(location, from: current, allowInsecure: options.allowInsecureRedirects)
-    }
-
-    /// The absolute URL a `Location` leads to, checked as the user's URL is (``DownloadURL/check(_:)``).
-    static func resolveRedirect(_ location: String, from current: String, allowInsecure: Bool) throws(PickupError) -> String {
-        let shown = DownloadURL.redacted(String(location.prefix(200)))
-        guard location.utf8.count <= DownloadURL.maxLength, let base = URL(string: current),
-            let next = URL(string: location, relativeTo: base)?.absoluteURL,
-            let scheme = next.scheme?.lowercased(), scheme == "http" || scheme == "https"
-        else { throw PickupError.server(status: nil, "unusable redirect to '\(shown)'") }
-        do throws(PickupError) {
-            try DownloadURL.check(next.absoluteString)
-        } catch {
-            throw PickupError.server(status: nil, "unusable redirect: \(error.description)")
-        }
-        if base.scheme?.lowercased() == "https", scheme == "http", !allowInsecure {
-            throw PickupError.server(status: nil, "refusing redirect from https to http (\(DownloadURL.redacted(next.absoluteString))); use --insecure to allow")
-        }
-        return next.absoluteString
     }
 }

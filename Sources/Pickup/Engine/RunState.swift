@@ -19,13 +19,34 @@ struct RunState {
     /// Where each range's writer was last seen and since when (by range): how long it has
     /// stalled, for the scheduler's endgame.
     private(set) var lastSeen: [Int: (position: Int64, since: Double)] = [:]
-    /// While shed to one connection (``ConnectionTuner``): the connection that goes on.
-    private(set) var keeper: Int?
-    /// For the rest of the run, the one connection that fetches (responses disagreed on the
-    /// file's validators: a load balancer whose backends have their own, say). Not reset by a restart.
-    private(set) var alone: Int?
+    /// Which connections fetch: every one, or one for a while (the tuner's), or one for good.
+    enum Connections: Equatable {
+        /// Every connection the options allow.
+        case all
+        /// The tuner's trial or shed (``ConnectionTuner``): `keeper` goes on, the others wait
+        /// with their ranges (held) or without (shed), until ``connectionsRestored()``.
+        case shed(keeper: Int)
+        /// For the rest of the run, one connection fetches (responses disagreed on the file's
+        /// validators: a load balancer whose backends have their own, say). Not undone by a
+        /// restart, nor by the tuner.
+        case alone(Int)
+
+        /// The one connection that fetches, if only one does.
+        var only: Int? {
+            switch self {
+            case .all: nil
+            case .shed(let k), .alone(let k): k
+            }
+        }
+    }
+    /// Which connections fetch now.
+    private(set) var connections = Connections.all
+    /// The connection the tuner's trial or shed keeps (nil when none is, or one fetches for good).
+    var keeper: Int? { if case .shed(let k) = connections { k } else { nil } }
+    /// The connection that fetches for the rest of the run, if responses made it so.
+    var alone: Int? { if case .alone(let k) = connections { k } else { nil } }
     /// How patient each connection is with stalls (``FetchRequest/patience``), and which have stalled.
-    var patience: [Int: Int] = [:]
+    private(set) var patience: [Int: Int] = [:]
     var stalledBefore: Set<Int> = []
     /// Whether this round's first valid 206 has decided on more connections.
     private(set) var connectionsDecided = false
@@ -61,12 +82,12 @@ struct RunState {
     @discardableResult
     mutating func fetchAlone(_ connection: Int, once: Bool = false) -> Bool {
         if once, alone != nil { return false }
-        alone = connection
+        connections = .alone(connection)
         return true
     }
 
     /// The tuner brings the connections it shed back (``shedConnections(writers:)``).
-    mutating func connectionsRestored() { keeper = nil }
+    mutating func connectionsRestored() { if keeper != nil { connections = .all } }
 
     /// Range `segment`'s writer was seen at `position` at `now`: since when it has not moved.
     mutating func saw(_ segment: Int, at position: Int64, now: Double) {
@@ -456,7 +477,7 @@ struct RunState {
         provenance = []
         pieces.forget()
         lastSeen = [:]
-        keeper = nil
+        connectionsRestored()
         scheduler = nil
         // Every source's validators, rejections and writes were about the bytes discarded now.
         return checkpoints.restarted { r in
@@ -532,8 +553,8 @@ struct RunState {
         case noConfirmer
         /// It asks `source` (the one it had, or another), with that source's validators and the
         /// length; `several`: the file has several sources (mirrors named by a first answer make
-        /// several of one).
-        case go(source: Int, several: Bool, validators: Validators?, total: Int64?)
+        /// several of one); `patience`: how long its transport waits for a slow answer (``stalled(_:beforeBody:)``).
+        case go(source: Int, several: Bool, validators: Validators?, total: Int64?, patience: Int)
     }
 
     /// Before each attempt of connection `id` at `source` (`holding`: its range has bytes written):
@@ -552,7 +573,8 @@ struct RunState {
             guard let to = confirmingSource(for: id) else { return .noConfirmer }
             source = to
         }
-        return .go(source: source, several: several, validators: record.validators(of: source), total: record.totalLength)
+        return .go(source: source, several: several, validators: record.validators(of: source), total: record.totalLength,
+                   patience: patience[id] ?? 0)
     }
 
     /// Connection `id` leaves its source for the best other one with room; nil when none has room.
@@ -628,7 +650,7 @@ struct RunState {
     mutating func facts(for id: Int, holding held: Int64) -> Attempt.Facts? {
         guard !isStopped(id) else { return nil }
         return Attempt.Facts(held: heldAtMost(held), othersFetching: activeConnections > 1, several: sources.several,
-                             heldConfirmed: heldConfirmed)
+                             heldConfirmed: heldConfirmed, total: record.totalLength)
     }
 
     /// An attempt of connection `id` at source `source` failed with `failure` (several sources):
@@ -674,12 +696,13 @@ struct RunState {
     /// (`writers`) goes on, the others are held with their ranges. Returns the connection that
     /// goes on, nil when none writes.
     mutating func holdConnections(writers: [Int: Writer]) -> Int? {
+        guard alone == nil else { return nil }
         let kept = ranges { s -> Int? in
             for (i, w) in writers { s.report(i, done: w.written) }
             return s.fastest(rates: writers.compactMapValues(\.rate)).flatMap { s.segments[$0].owner }
         }
         guard let keep = kept ?? nil else { return nil }
-        keeper = keep
+        connections = .shed(keeper: keep)
         return keep
     }
 
@@ -687,12 +710,13 @@ struct RunState {
     /// where it is; that writer's connection goes on alone. Returns whether it did.
     @discardableResult
     mutating func shedConnections(writers: [Int: Writer]) -> Bool {
+        guard alone == nil else { return false }
         let kept = ranges { s -> Int? in
             for (i, w) in writers { s.report(i, done: w.written) }
             return s.shed(rates: writers.compactMapValues(\.rate))
         }
         guard let keep = kept ?? nil else { return false }
-        keeper = keep
+        connections = .shed(keeper: keep)
         return true
     }
 
@@ -702,7 +726,7 @@ struct RunState {
     /// there is none, or another connection goes on alone.
     mutating func assign(_ id: Int, unownedOnly: Bool, writers: [Int: Writer], now: Double, connections: Int) -> Assignment? {
         guard scheduler != nil else { return nil }
-        if let keeper = alone ?? keeper, keeper != id {
+        if let only = self.connections.only, only != id {
             ranges { $0.release(id) }
             return nil
         }
@@ -730,7 +754,7 @@ struct RunState {
     /// Seconds until a range could count as stalled for the scheduler's endgame, if it does not
     /// move by then; nil when there is no range to wait on (none left, or shed to another connection).
     mutating func endgameWait(_ id: Int, writers: [Int: Writer], now: Double) -> Double? {
-        guard let before = scheduler, !before.isComplete, keeper == nil || keeper == id, alone == nil || alone == id else { return nil }
+        guard let before = scheduler, !before.isComplete, connections.only == nil || connections.only == id else { return nil }
         let quiet = observe(for: id, writers: writers, now: now).quiet
         guard let s = scheduler else { return nil }
         let waits = quiet.compactMap { i, q -> Double? in

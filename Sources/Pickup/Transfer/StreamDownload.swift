@@ -114,7 +114,7 @@ final class StreamRun: @unchecked Sendable {
                 if sink.ended { return try await finish(started: started, stall: stall) }
             case .redirect(let location)?:
                 if let tooMany = attempt.redirected() { throw tooMany }
-                url = try FileDownload.resolveRedirect(location, from: url, allowInsecure: options.allowInsecureRedirects)
+                url = try Attempt.resolveRedirect(location, from: url, allowInsecure: options.allowInsecureRedirects)
                 continue
             case .retry(let after, let why)?:
                 failure = Attempt.Failure(message: why, retryAfter: after)
