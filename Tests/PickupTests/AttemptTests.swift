@@ -232,12 +232,10 @@ import Testing
         let v = Validators(etag: "\"e\"", lastModified: nil, date: nil)
         let locations = ["/a", "b", "https://m/c", "http://m/d", "ftp://m/e", "//m/f", "https://m:99999/g", "", "https://[::1/h",
                          "https://u:p@m/i", String(repeating: "x", count: 9000)]
-        var steps = 0
         for _ in 0..<300 {
             var a = Attempt(limits: limits, held: 0, url: "https://m/given")
             var redirects = 0, givenAgain = 0
             for _ in 0..<40 {
-                steps += 1
                 if Int.random(in: 0..<15, using: &rng) == 0 {
                     a.moved(to: "https://n/x", given: "https://n/given")
                     (redirects, givenAgain) = (0, 0)
@@ -280,6 +278,5 @@ import Testing
                 }
             }
         }
-        #expect(steps == 300 * 40)
     }
 }

@@ -93,10 +93,17 @@ struct Attempt: Sendable, Equatable {
     /// The connection wrote bytes of the file: its own failures in a row end.
     mutating func wrote() { ownFailures = 0 }
 
-    /// A redirect to follow; the error when there have been too many.
-    mutating func redirected() -> PickupError? {
+    /// Follows a redirect to `location` (resolved, and checked as the user's URL is: ``resolveRedirect(_:from:allowInsecure:)``):
+    /// ``url`` is asked from now on; the error when there have been too many or the location is unusable.
+    mutating func follow(_ location: String) -> PickupError? {
         redirects += 1
-        return redirects > limits.maxRedirects ? .server(status: nil, "more than \(limits.maxRedirects) redirects") : nil
+        if redirects > limits.maxRedirects { return .server(status: nil, "more than \(limits.maxRedirects) redirects") }
+        do throws(PickupError) {
+            url = try Self.resolveRedirect(location, from: url, allowInsecure: limits.allowInsecureRedirects)
+        } catch {
+            return error
+        }
+        return nil
     }
 
     /// How a transport error counts for connection `id` (`stalled`: what to say of a stall, with
@@ -189,8 +196,8 @@ extension Attempt {
 
     /// What the connection does after a response (``answered(_:)``).
     enum Step: Sendable, Equatable {
-        /// Ask again at once: the next piece of the range on the same connection, a redirect's
-        /// target (``url``), the URL the user gave once more.
+        /// Ask again at once: the next piece of the range on the same connection, or the URL the
+        /// user gave once more (``url``).
         case again
         /// Ask again at once at ``url``, where the source redirected.
         case redirected
@@ -231,13 +238,7 @@ extension Attempt {
             // bytes; the only source's file changed: the run starts over.
             return .fault(.changed, why: why, status: 0)
         case .redirect(let location)?:
-            if let tooMany = redirected() { return .fail(tooMany) }
-            do throws(PickupError) {
-                url = try Self.resolveRedirect(location, from: url, allowInsecure: limits.allowInsecureRedirects)
-            } catch {
-                return .fail(error)
-            }
-            return .redirected
+            return follow(location).map { .fail($0) } ?? .redirected
         case .retry(let after, let why)?:
             return .failed(Failure(message: why, busy: r.status == 503 || r.status == 429, retryAfter: after))
         case .fail(let status, let why)?:

@@ -67,12 +67,14 @@ final class StreamRun: @unchecked Sendable {
     func run(on transport: any Transport) async throws(PickupError) -> DownloadResult {
         let started = Clock.monotonic()
         let stall = transport.stallTimeout(patience: 0) ?? 15
-        var url = request.url
-        // One connection, one source: the same retry policy as a file's ranges (``Attempt``).
-        var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects), held: 0)
+        // One connection, one source: the same retry policy and redirects as a file's ranges (``Attempt``).
+        var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects,
+                                                     allowInsecureRedirects: options.allowInsecureRedirects),
+                              held: 0, url: request.url)
         let alone = Attempt.Facts(held: 0, othersFetching: false)
         while true {
             if Task.isCancelled { throw .interrupted }
+            let url = attempt.url
             // Going on where a connection dropped needs a strong validator (If-Range): without
             // one the rest could be another version's, spliced after bytes already handed over.
             let (held, resumable) = lock.withLock { (sent, validators?.ifRange != nil) }
@@ -113,8 +115,7 @@ final class StreamRun: @unchecked Sendable {
             case .append?, .replace?:
                 if sink.ended { return try await finish(started: started, stall: stall) }
             case .redirect(let location)?:
-                if let tooMany = attempt.redirected() { throw tooMany }
-                url = try Attempt.resolveRedirect(location, from: url, allowInsecure: options.allowInsecureRedirects)
+                if let error = attempt.follow(location) { throw error }
                 continue
             case .retry(let after, let why)?:
                 failure = Attempt.Failure(message: why, retryAfter: after)
