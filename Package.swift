@@ -54,8 +54,9 @@ let package = Package(
         // NIOTransportServices (AsyncHTTPClient's, on Apple platforms only, as there): direct
         // requests over Network.framework.
         .package(url: "https://github.com/apple/swift-nio-transport-services.git", from: "1.28.0"),
-        // Subprocess: the hooks' processes (a process group each, SIGTERM then SIGKILL). It declares
-        // no iOS: only the daemon's target, which is never built for iOS, depends on it.
+        // Subprocess: the hooks' processes (a process group each, SIGTERM then SIGKILL), and every
+        // child process of the tests. It declares no iOS: only the daemon's target and the tests'
+        // TestServer, which are never built for iOS, depend on it.
         .package(url: "https://github.com/swiftlang/swift-subprocess.git", from: "1.0.2"),
     ],
     targets: [
@@ -170,6 +171,9 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "SystemPackage", package: "swift-system"),
+                // Every child process of the tests (``Child``); declares no iOS, as for the daemon.
+                .product(name: "Subprocess", package: "swift-subprocess", condition: .when(platforms: [.macOS, .linux])),
             ],
             path: "Tests/TestServer"
         ),

@@ -21,32 +21,22 @@ enum Aria2p {
     static let setup = "python3 -m venv .build/venv-aria2p && .build/venv-aria2p/bin/pip install aria2p==\(version) (the venv step of .ci/run)"
 
     /// Runs `python drive.py args` to its end (bounded: killed after `seconds`); its exit status
-    /// and output. On a Dispatch thread, not Swift's cooperative pool.
+    /// (-1 when it had to be killed) and output.
     static func run(_ args: [String], seconds: Double = 240) async throws -> (status: Int32, output: String) {
-        try await CLI.offPool {
-            let out = TempDir()
-            let log = out.file("out.txt")
-            _ = FileManager.default.createFile(atPath: log.string, contents: nil)
-            let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: log.string))
-            defer { try? handle.close() }
-            let p = Process()
-            p.executableURL = URL(fileURLWithPath: python)
-            p.arguments = [script] + args
-            p.currentDirectoryURL = URL(fileURLWithPath: out.path.string)
-            var env = ProcessInfo.processInfo.environment
-            for name in CLI.proxyVariables { env[name] = nil }
-            env["PYTHONUNBUFFERED"] = "1"
-            p.environment = env
-            p.standardOutput = handle
-            p.standardError = handle
-            p.standardInput = FileHandle.nullDevice
-            try p.run()
-            let ended = CLI.waitFor(seconds: seconds) { !p.isRunning }
-            if !ended { kill(p.processIdentifier, SIGKILL) }
-            p.waitUntilExit()
-            let text = String(decoding: FileManager.default.contents(atPath: log.string) ?? Data(), as: UTF8.self)
-            return (ended ? p.terminationStatus : -1, text)
-        }
+        let out = TempDir()
+        let log = out.file("out.txt")
+        _ = FileManager.default.createFile(atPath: log.string, contents: nil)
+        var env = ProcessInfo.processInfo.environment
+        for name in CLI.proxyVariables { env[name] = nil }
+        env["PYTHONUNBUFFERED"] = "1"
+        let p = try await Child.start(python, [script] + args, environment: env, workingDirectory: out.path.string,
+                                      output: .file(log.string), errors: .sameAsOutput)
+        defer { p.kill() }
+        let ended = await eventually(seconds: seconds, every: 0.05) { !p.isRunning }
+        if !ended { p.signal(SIGKILL) }
+        let status = await p.wait()
+        let text = String(decoding: FileManager.default.contents(atPath: log.string) ?? Data(), as: UTF8.self)
+        return (ended ? status.code : -1, text)
     }
 }
 
@@ -85,7 +75,7 @@ struct Aria2ClientTests {
             #expect(!output.contains(token), "the secret was shown")
             let same = root.read("fast.bin") == fast
             #expect(same, "fast.bin is not the server's file")
-            #expect(daemon.signal(SIGTERM) == .exit)
+            #expect(await daemon.signal(SIGTERM).exited)
         } catch {
             await server.stop()
             throw error
@@ -206,7 +196,7 @@ struct Aria2ClientTests {
             let gid = try #require(try await result(f, "aria2.addUri", [.array([.string(url)]), .object(["out": .string("slow.bin")])]).string)
             #expect(gid.count == 16)
             let done = try #require(try await result(f, "aria2.addUri", [.array([.string(f.server.url("/done.bin"))])]).string)
-            #expect(await CLI.eventually {
+            #expect(await eventually {
                 FileManager.default.fileExists(atPath: f.root.file("slow.bin.pickup-part").string)
             })
             try await f.waitUntil { $0.values.contains { $0.state == "completed" } }

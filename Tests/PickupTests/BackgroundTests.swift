@@ -162,7 +162,7 @@ import TestServer
             defer { transfers.invalidate() }
             let chunks = await transfers.enterBackground(chunkSize: Int64(chunk))
             #expect(chunks.count > 4)
-            #expect(await CLI.eventually { transfers.landings.count >= 2 })
+            #expect(await eventually { transfers.landings.count >= 2 })
             transfers.invalidate()
             await m.shutdown()
             let landed = transfers.landings.values.reduce(Int64(0)) { if case .landed(let n) = $1 { $0 + n } else { $0 } }

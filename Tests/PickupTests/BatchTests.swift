@@ -57,20 +57,19 @@ import TestServer
             .joined(separator: "\n").utf8))
         let args = ["get", "-i", lists.file("list.txt").string, "-d", dir.path.string, "-j", "3", "-x", "1", "-q"]
 
-        let p = try CLI.start(args, state: state.path)
+        let p = try await CLI.start(args, state: state.path)
         let control = { (i: Int) in ControlFile.load(dir.file("f\(i).bin.pickup-ctl"))?.durableBytes ?? 0 }
-        let reached = CLI.waitFor { (3..<6).allSatisfy { control($0) > 1_000_000 } }
+        let reached = await eventually { (3..<6).allSatisfy { control($0) > 1_000_000 } }
         #expect(reached, "the big files did not get going")
-        kill(p.processIdentifier, SIGKILL)
-        p.waitUntilExit()
-        #expect(p.terminationReason == .uncaughtSignal)
+        p.signal(SIGKILL)
+        #expect(await p.wait() == .signalled(SIGKILL))
         for i in 0..<3 { #expect(dir.read("f\(i).bin") == bodies[i], "small file \(i) finished before the kill") }
         let before = (0..<6).map { server.requests("/b/\($0).bin").count }
         // Durable, or written as the cursor files say (the same boot).
         let held = (3..<6).map { heldAfterKill(dir.file("f\($0).bin")).written }
 
         for i in 3..<6 { server.update("/b/\(i).bin") { $0.bytesPerSecond = nil } }
-        #expect(try CLI.run(args, state: state.path) == 0)
+        #expect(try await CLI.run(args, state: state.path) == 0)
         for i in 0..<6 { #expect(dir.read("f\(i).bin") == bodies[i], "file \(i)") }
         #expect(dir.entries == (0..<6).map { "f\($0).bin" })
         for i in 0..<3 { #expect(server.requests("/b/\(i).bin").count == before[i], "finished file \(i) fetched again") }
@@ -82,7 +81,7 @@ import TestServer
         }
         // A third run has nothing to do and asks nothing.
         let total = (0..<6).map { server.requests("/b/\($0).bin").count }
-        #expect(try CLI.run(args, state: state.path) == 0)
+        #expect(try await CLI.run(args, state: state.path) == 0)
         #expect((0..<6).map { server.requests("/b/\($0).bin").count } == total)
         await server.stop()
     }
@@ -94,17 +93,17 @@ import TestServer
         server.set("/ok.bin", Resource(body: body))
         lists.write("list.txt", Array("\(server.url("/ok.bin"))\n\(server.url("/gone.bin"))\n".utf8))
         let args = ["get", "-i", lists.file("list.txt").string, "-d", dir.path.string, "-q"]
-        #expect(try CLI.run(args, state: state.path) == 4)
+        #expect(try await CLI.run(args, state: state.path) == 4)
         #expect(dir.read("ok.bin") == body)
         // The failed one is retried on the next run; the finished one is not fetched again.
         server.set("/gone.bin", Resource(body: body))
-        #expect(try CLI.run(args, state: state.path) == 0)
+        #expect(try await CLI.run(args, state: state.path) == 0)
         #expect(dir.read("gone.bin") == body)
         #expect(server.requests("/ok.bin").count == 1)
         lists.write("bad.txt", Array("http://x/a out=../../etc/passwd\n".utf8))
-        #expect(try CLI.run(["get", "-i", lists.file("bad.txt").string, "-d", dir.path.string], state: state.path) == 2)
-        #expect(try CLI.run(["get", "-i", lists.file("missing.txt").string], state: state.path) == 2)
-        #expect(try CLI.run(["get", "-i", lists.file("list.txt").string, "-o", "x"], state: state.path) == 2)
+        #expect(try await CLI.run(["get", "-i", lists.file("bad.txt").string, "-d", dir.path.string], state: state.path) == 2)
+        #expect(try await CLI.run(["get", "-i", lists.file("missing.txt").string], state: state.path) == 2)
+        #expect(try await CLI.run(["get", "-i", lists.file("list.txt").string, "-o", "x"], state: state.path) == 2)
         await server.stop()
     }
 }

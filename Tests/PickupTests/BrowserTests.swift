@@ -18,19 +18,15 @@ final class Browser: @unchecked Sendable {
         FileManager.default.isExecutableFile(atPath: $0)
     }
 
-    let driver: Process
+    let driver: Child
     let base: String
     private(set) var session = ""
 
     init(width: Int, height: Int) async throws {
         let port = try Nginx.freePort()
         base = "http://127.0.0.1:\(port)"
-        driver = Process()
-        driver.executableURL = URL(fileURLWithPath: Self.driverPath!)
-        driver.arguments = ["--port=\(port)"]
-        driver.standardOutput = FileHandle.nullDevice
-        driver.standardError = FileHandle.nullDevice
-        try driver.runWithSignalsUnblocked()
+        // (Its process group holds the browsers it starts: ``close()`` ends them with it.)
+        driver = try await Child.start(Self.driverPath!, ["--port=\(port)"])
         try await waitFor("chromedriver to start") { (try? await self.send(.GET, "/status")) != nil }
         let capabilities: [String: Any] = ["capabilities": ["alwaysMatch": [
             "browserName": "chrome",
@@ -154,13 +150,12 @@ final class Browser: @unchecked Sendable {
 
     func close() async {
         _ = try? await send(.DELETE, "/session/\(session)")
-        kill(driver.processIdentifier, SIGKILL)
-        driver.waitUntilExit()
+        await driver.stop()
     }
 
     /// Polls (bounded) until `condition` holds.
     func waitFor(_ what: String, seconds: Double = 60, _ condition: () async throws -> Bool) async throws {
-        if try await CLI.eventually(seconds: seconds, every: 0.05, condition) { return }
+        if try await eventually(seconds: seconds, every: 0.05, condition) { return }
         Issue.record("gave up waiting for \(what)")
         throw CancellationError()
     }

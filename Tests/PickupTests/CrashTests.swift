@@ -44,30 +44,24 @@ enum CLI {
         return env
     }
 
-    /// Starts `pickup` with `args`: every `pickup` a test runs starts here. Its working directory
-    /// is ``workingDirectory``, its environment ``environmentFor(state:_:)``, and it is killed
-    /// after ``maxRunSeconds``. Standard input and output are /dev/null unless given (a
-    /// `FileHandle` or a `Pipe`); standard error too, or the file `PICKUP_DEBUG_STDERR` names.
-    /// `through` turns the command line (the binary, then `args`) into the one run, for a program
-    /// that runs `pickup` (`prlimit`, `script`).
-    static func start(_ args: [String], state: FilePath, environment: [String: String] = [:], input: Any? = nil,
-                      output: Any? = nil, errors: Any? = nil, through: ([String]) -> [String] = { $0 }) throws -> Process {
+    /// Starts `pickup` with `args`: every `pickup` a test runs starts here (through ``Child``, the
+    /// tests' one launcher). Its working directory is ``workingDirectory``, its environment
+    /// ``environmentFor(state:_:)``, and it is killed after ``Child/maxRunSeconds``. Standard input
+    /// and output are /dev/null unless given; standard error too, or the file
+    /// `PICKUP_DEBUG_STDERR` names. `through` turns the command line (the binary, then `args`)
+    /// into the one run, for a program that runs `pickup` (`prlimit`, `script`).
+    static func start(_ args: [String], state: FilePath, environment: [String: String] = [:], input: Child.Input = .null,
+                      output: Child.Output = .null, errors: Child.Output? = nil, through: ([String]) -> [String] = { $0 }) async throws -> Child {
         let command = through([binary] + args)
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: command[0])
-        p.currentDirectoryURL = workingDirectory
-        p.arguments = Array(command.dropFirst())
-        p.environment = environmentFor(state: state, environment)
-        p.standardInput = input ?? FileHandle.nullDevice
-        p.standardOutput = output ?? FileHandle.nullDevice
-        // `PICKUP_DEBUG_STDERR=FILE` (an existing file) collects every started process's messages
-        // (appended: processes that run at once do not write over each other's lines).
-        let debug = ProcessInfo.processInfo.environment["PICKUP_DEBUG_STDERR"]
-            .map { open($0, O_WRONLY | O_APPEND | O_CLOEXEC) }.flatMap { $0 >= 0 ? FileHandle(fileDescriptor: $0, closeOnDealloc: true) : nil }
-        p.standardError = errors ?? debug ?? FileHandle.nullDevice
-        try p.runWithSignalsUnblocked()
-        bound(p)
-        return p
+        return try await Child.start(command[0], Array(command.dropFirst()), environment: environmentFor(state: state, environment),
+                                     workingDirectory: workingDirectory.path, input: input, output: output, errors: errors ?? debugErrors)
+    }
+
+    /// `PICKUP_DEBUG_STDERR=FILE` (an existing file) collects every started process's messages
+    /// (appended: processes that run at once do not write over each other's lines).
+    static var debugErrors: Child.Output {
+        guard let path = ProcessInfo.processInfo.environment["PICKUP_DEBUG_STDERR"], FileManager.default.isWritableFile(atPath: path) else { return .null }
+        return .file(path)
     }
 
     /// `words` as one word of a POSIX shell's command line each.
@@ -75,104 +69,42 @@ enum CLI {
         words.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
     }
 
-    /// The longest a `pickup` a test starts may run: then it is killed, so that no wait on it is
-    /// without end (a hung run fails its test instead of hanging the suite).
-    static let maxRunSeconds = 600.0
-
-    /// SIGKILLs `p` if it is still running after ``maxRunSeconds``.
-    static func bound(_ p: Process) {
-        DispatchQueue.global().asyncAfter(deadline: .now() + maxRunSeconds) {
-            if p.isRunning { kill(p.processIdentifier, SIGKILL) }
-        }
-    }
-
-    static func run(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> Int32 {
-        let p = try start(args, state: state, environment: environment)
-        p.waitUntilExit()
-        return p.terminationStatus
-    }
-
-    /// Waits (bounded) until `condition` holds, polling; returns whether it did. For a Dispatch
-    /// thread (``offPool(_:)``), where blocking is allowed; async code uses ``eventually(seconds:every:_:)``.
-    static func waitFor(seconds: Double = 60, _ condition: () -> Bool) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if condition() { return true }
-            usleep(10_000)
-        }
-        return condition()
+    /// Runs `pickup` to its end; its exit status (128 + the signal that killed it).
+    static func run(_ args: [String], state: FilePath, environment: [String: String] = [:]) async throws -> Int32 {
+        try await start(args, state: state, environment: environment).wait().code
     }
 
     /// Starts `pickup` with `args`, waits (bounded) until `condition` holds or it ends, then
-    /// SIGKILLs it; returns whether the kill ended it. The wait and the kill run on a Dispatch
-    /// thread: on two loaded cores Swift's cooperative pool can be busy for seconds with the rest of
-    /// the suite, long enough for the process to finish before a poll there sees the moment.
+    /// SIGKILLs it; returns whether the kill ended it. The poll and the kill run on a Dispatch
+    /// thread (``eventually(seconds:every:_:then:)``): on two loaded cores Swift's cooperative pool
+    /// can be busy for seconds with the rest of the suite, long enough for the process to finish
+    /// before a poll there sees the moment.
     static func startAndKill(_ args: [String], state: FilePath, when condition: @escaping @Sendable () -> Bool) async throws -> Bool {
-        try await offPool {
-            let p = try start(args, state: state)
-            defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-            let reached = waitFor { condition() || !p.isRunning }
-            kill(p.processIdentifier, SIGKILL)
-            _ = waitFor { !p.isRunning }
-            p.waitUntilExit()
-            return reached && p.terminationReason == .uncaughtSignal
-        }
+        let p = try await start(args, state: state)
+        defer { p.kill() }
+        let reached = await eventually({ condition() || !p.isRunning }, then: { _ in p.signal(SIGKILL) })
+        let status = await p.wait()
+        return reached && status == .signalled(SIGKILL)
     }
 
-    /// Waits (bounded) until `condition` holds, polling every `every` seconds, without holding a
-    /// thread of Swift's cooperative pool (two here: a test that blocks one starves every
-    /// in-process daemon and manager of the suite); returns whether it did. The one poll of the
-    /// tests in async code (``waitFor(seconds:_:)`` is its twin for Dispatch threads).
-    static func eventually(seconds: Double = 60, every: Double = 0.01, _ condition: () async throws -> Bool) async rethrows -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if try await condition() { return true }
-            try? await Task.sleep(nanoseconds: UInt64(every * 1e9))
-        }
-        return try await condition()
-    }
-
-    /// Runs a Python script to its end (bounded), off Swift's cooperative pool; its exit status
-    /// and its output and errors together.
+    /// Runs a Python script to its end (bounded); its exit status and its output and errors together.
     static func python(_ script: String, _ arguments: [String]) async throws -> (status: Int32, output: String) {
-        try await offPool { () throws -> (status: Int32, output: String) in
-            let p = Process()
-            p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-            p.arguments = ["-c", script] + arguments
-            let pipe = Pipe()
-            p.standardOutput = pipe
-            p.standardError = pipe
-            try p.runWithSignalsUnblocked()
-            bound(p)
-            let data = pipe.fileHandleForReading.readDataToEndOfFile()
-            p.waitUntilExit()
-            return (p.terminationStatus, String(decoding: data, as: UTF8.self))
-        }
-    }
-
-    /// Runs a blocking call (a child process to its end) on a Dispatch thread, not on Swift's
-    /// cooperative pool.
-    static func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
-        }
+        let r = try await Child.run("/usr/bin/python3", ["-c", script] + arguments, output: .captured, errors: .sameAsOutput)
+        return (r.status.code, r.text)
     }
 
     /// Starts `pickup get`, waits until the control file claims more than `after` bytes and
     /// `moreThanDurable` says enough has arrived since, then SIGKILLs it. Returns the durable bytes then.
     static func killMidway(_ args: [String], state: FilePath, control: FilePath, after: Int64,
-                           moreThanDurable: (Int64) -> Bool = { _ in true }) throws -> Int64 {
-        let p = try start(args, state: state)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        var durable: Int64 = 0
-        let reached = waitFor {
-            durable = ControlFile.load(control)?.durableBytes ?? 0
+                           moreThanDurable: @escaping @Sendable (Int64) -> Bool = { _ in true }) async throws -> Int64 {
+        let p = try await start(args, state: state)
+        defer { p.kill() }
+        let reached = await eventually({
+            let durable = ControlFile.load(control)?.durableBytes ?? 0
             return durable > after && moreThanDurable(durable)
-        }
+        }, then: { _ in p.signal(SIGKILL) })
         #expect(reached, "the download did not get past \(after) bytes")
-        kill(p.processIdentifier, SIGKILL)
-        p.waitUntilExit()
-        #expect(p.terminationReason == .uncaughtSignal)
+        #expect(await p.wait() == .signalled(SIGKILL))
         return ControlFile.load(control)?.durableBytes ?? 0
     }
 }
@@ -215,9 +147,9 @@ func unreadBytes(toPort port: Int) -> Int64 {
 }
 
 /// Stops `pid` with SIGSTOP and waits (bounded) until every one of its threads is stopped.
-func stopProcess(_ pid: pid_t) {
+func stopProcess(_ pid: pid_t) async {
     kill(pid, SIGSTOP)
-    _ = CLI.waitFor(seconds: 5) {
+    _ = await eventually(seconds: 5) {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
         return tasks.allSatisfy { task in
             guard let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/stat", encoding: .utf8),
@@ -234,9 +166,12 @@ func stopProcess(_ pid: pid_t) {
     /// what was fetched twice: at most 64 KiB per connection plus what was in flight. In flight
     /// is measured: the process is stopped first, and what the kernel holds for it unread then
     /// (``unreadBytes(toPort:)``) and what the server sends after, plus per connection one paced
-    /// chunk the server has counted and not yet handed to the kernel and one the reader has read
-    /// and not yet written (its response head still on its way to the file, say). (A fixed
-    /// allowance of one chunk failed on loaded cores, where a starved reader was four behind.)
+    /// chunk the server has counted and not yet handed to the kernel, and one read the reader has
+    /// made and not yet written. A read is sized by the transport's read budget, not by the
+    /// server's chunks: a reader starved on loaded cores finds several chunks waiting and takes
+    /// them in one read (up to 1 MiB with one connection), so the allowance is the budget's, the
+    /// engine's own bound on what a connection holds. (An allowance of one or two chunks failed on
+    /// loaded cores, with a starved reader three to eight chunks behind.)
     @Test(arguments: [1, 16])
     func sigkillAtRandomMomentsThenRerunIsByteExactAndRefetchesAlmostNothing(connections: Int) async throws {
         #expect(FileManager.default.isExecutableFile(atPath: CLI.binary), "build the pickup binary first")
@@ -251,24 +186,32 @@ func stopProcess(_ pid: pid_t) {
         let out = dir.file("big.iso")
         let args = ["get", server.url("/big.iso"), "-o", out.string, "--quiet", "-x", "\(connections)"]
 
+        // What the readers may hold read and not yet written, all together: a read each, sized by
+        // the read budget's share with every connection in flight, but the first connection's reads
+        // may have grown to the largest read before the others started.
+        let options = HTTPClientTransport.Options()
+        let share = max(ReadBudget.minRead, min(options.maxReadSize, options.readBudget / connections))
+        let readAhead = Int64((connections - 1) * share + options.maxReadSize)
+
         var random = SplitMix(state: UInt64(connections))
         // Server bytes into each run at which it is killed: the first within its first bytes.
         let moments = [1] + (0..<4).map { _ in Int(random.next() % UInt64(size / 8)) + 1 }
         var held: Int64 = 0
         for moment in moments {
             let sentBefore = server.bytesSent("/big.iso"), firstRequest = server.requests("/big.iso").count
-            let p = try CLI.start(args, state: state.path)
-            defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-            let reached = CLI.waitFor { server.bytesSent("/big.iso") - sentBefore >= moment || !p.isRunning }
+            let p = try await CLI.start(args, state: state.path)
+            defer { p.kill() }
+            // Stopped (SIGSTOP) the moment it is seen there.
+            let reached = await eventually({ server.bytesSent("/big.iso") - sentBefore >= moment || !p.isRunning },
+                                           then: { _ in p.signal(SIGSTOP) })
             #expect(reached && p.isRunning, "the download did not get \(moment) bytes in")
             func sentToThisRun() -> Int64 { Int64(server.requests("/big.iso").dropFirst(firstRequest).reduce(0) { $0 + $1.bytesSent }) }
-            stopProcess(p.processIdentifier)
+            await stopProcess(p.pid)
             // The queues first, then the count: a chunk sent between the two reads counts as read.
             let unread = unreadBytes(toPort: server.port)
             let sentAtStop = sentToThisRun()
-            kill(p.processIdentifier, SIGKILL)
-            p.waitUntilExit()
-            #expect(p.terminationReason == .uncaughtSignal)
+            p.signal(SIGKILL)
+            #expect(await p.wait() == .signalled(SIGKILL))
             // What the server sent to the killed run (by its own requests) beyond what the next run holds anew.
             let sent = sentToThisRun()
             let inFlight = unread + (sent - sentAtStop)
@@ -276,14 +219,14 @@ func stopProcess(_ pid: pid_t) {
             #expect(now.written >= held, "held bytes never go backwards")
             let waste = sent - (now.written - held)
             print("crash test (\(connections) connections): killed \(moment) bytes in; \(sent) sent, \(inFlight) of them in flight, \(now.written - held) more held (\(now.durable) of \(now.written) fsynced), \(waste) to fetch again")
-            #expect(waste <= Int64(connections * (65536 + 2 * chunk)) + inFlight, "fetched twice after a kill \(moment) bytes in")
+            #expect(waste <= Int64(connections * (65536 + chunk)) + readAhead + inFlight, "fetched twice after a kill \(moment) bytes in")
             held = now.written
         }
         // Paced, so that what a connection has in flight when the plan cuts its range is one chunk
         // (at full speed on loopback the server pushes megabytes into a socket before it closes).
         server.update("/big.iso") { $0.bytesPerSecond = 4 * 1024 * 1024 }
         let first = server.requests("/big.iso").count
-        #expect(try CLI.run(args, state: state.path) == 0)
+        #expect(try await CLI.run(args, state: state.path) == 0)
         #expect(dir.read("big.iso") == body)
         #expect(dir.entries == ["big.iso"])
         // Counted by the last run's own requests (a killed run's may still be counting a chunk).
@@ -314,7 +257,7 @@ func stopProcess(_ pid: pid_t) {
         let record = try #require(ControlFile.load(FilePath(out.string + SafeFileName.controlSuffix)))
         server.update("/r.bin") { $0.bytesPerSecond = nil }
         let first = server.requests("/r.bin").count
-        #expect(try CLI.run(args, state: state.path, environment: ["PICKUP_TEST_BOOT_SALT": "rebooted"]) == 0)
+        #expect(try await CLI.run(args, state: state.path, environment: ["PICKUP_TEST_BOOT_SALT": "rebooted"]) == 0)
         #expect(dir.read("r.bin") == body)
         let rerun = server.requests("/r.bin").dropFirst(first)
         #expect(Int64(rerun.reduce(0) { $0 + $1.bytesSent }) >= Int64(size) - before.durable,
@@ -328,23 +271,23 @@ func stopProcess(_ pid: pid_t) {
     @Test func exitCodesAreDocumentedOnes() async throws {
         let server = try await TestServer.start()
         let dir = TempDir(), state = TempDir()
-        #expect(try CLI.run(["get", "gopher://example.com/x", "-d", dir.path.string], state: state.path) == 2)
-        #expect(try CLI.run(["get", server.url("/x"), "-o", "a", "-d", "b"], state: state.path) == 2)
-        #expect(try CLI.run(["get", server.url("/x"), "-d", ""], state: state.path) == 2)
-        #expect(try CLI.run(["get", server.url("/x"), "--checksum", "sha-256=zz"], state: state.path) == 2)
-        #expect(try CLI.run(["get", server.url("/x"), "--limit-rate", "fast"], state: state.path) == 2)
-        #expect(try CLI.run(["get", server.url("/x"), "-i", "list.txt"], state: state.path) == 2)
-        #expect(try CLI.run(["get", server.url("/missing"), "-d", dir.path.string, "-q"], state: state.path) == 4)
+        #expect(try await CLI.run(["get", "gopher://example.com/x", "-d", dir.path.string], state: state.path) == 2)
+        #expect(try await CLI.run(["get", server.url("/x"), "-o", "a", "-d", "b"], state: state.path) == 2)
+        #expect(try await CLI.run(["get", server.url("/x"), "-d", ""], state: state.path) == 2)
+        #expect(try await CLI.run(["get", server.url("/x"), "--checksum", "sha-256=zz"], state: state.path) == 2)
+        #expect(try await CLI.run(["get", server.url("/x"), "--limit-rate", "fast"], state: state.path) == 2)
+        #expect(try await CLI.run(["get", server.url("/x"), "-i", "list.txt"], state: state.path) == 2)
+        #expect(try await CLI.run(["get", server.url("/missing"), "-d", dir.path.string, "-q"], state: state.path) == 4)
         server.set("/a", Resource(body: [1, 2, 3]))
         let wrong = "md5=" + String(repeating: "0", count: 32)
-        #expect(try CLI.run(["get", server.url("/a"), "-d", dir.path.string, "-q", "--checksum", wrong], state: state.path) == 5)
-        #expect(try CLI.run(["get", "http://127.0.0.1:1/a", "-d", dir.path.string, "-q", "--retries", "1"], state: state.path) == 3)
-        #expect(try CLI.run(["get", server.url("/a"), "-d", "/proc/pickup-cannot-write-here", "-q"], state: state.path) == 6)
+        #expect(try await CLI.run(["get", server.url("/a"), "-d", dir.path.string, "-q", "--checksum", wrong], state: state.path) == 5)
+        #expect(try await CLI.run(["get", "http://127.0.0.1:1/a", "-d", dir.path.string, "-q", "--retries", "1"], state: state.path) == 3)
+        #expect(try await CLI.run(["get", server.url("/a"), "-d", "/proc/pickup-cannot-write-here", "-q"], state: state.path) == 6)
         await server.stop()
     }
 
-    @Test func versionIsPrintedAndExitsZero() throws {
-        let result = try CLI.output(["--version"])
+    @Test func versionIsPrintedAndExitsZero() async throws {
+        let result = try await CLI.output(["--version"])
         #expect(result.status == 0)
         #expect(result.text == PickupVersion.string + "\n")
     }
@@ -355,15 +298,15 @@ func stopProcess(_ pid: pid_t) {
         server.set("/t.bin", Resource(body: body, bytesPerSecond: 2 * 1024 * 1024))
         let dir = TempDir(), state = TempDir()
         let out = dir.file("t.bin")
-        let p = try CLI.start(["get", server.url("/t.bin"), "-o", out.string, "-q", "-x", "1"], state: state.path)
-        #expect(CLI.waitFor { (FS.size(FilePath(out.string + ".pickup-part")) ?? 0) > 500_000 })
-        kill(p.processIdentifier, SIGTERM)
-        p.waitUntilExit()
-        #expect(p.terminationStatus == 143)
+        let p = try await CLI.start(["get", server.url("/t.bin"), "-o", out.string, "-q", "-x", "1"], state: state.path)
+        defer { p.kill() }
+        #expect(await eventually { (FS.size(FilePath(out.string + ".pickup-part")) ?? 0) > 500_000 })
+        p.signal(SIGTERM)
+        #expect(await p.wait().code == 143)
         let held = ControlFile.load(FilePath(out.string + ".pickup-ctl"))?.durableBytes ?? 0
         #expect(held > 500_000)
         server.update("/t.bin") { $0.bytesPerSecond = nil }
-        #expect(try CLI.run(["get", server.url("/t.bin"), "-o", out.string, "-q", "-x", "1"], state: state.path) == 0)
+        #expect(try await CLI.run(["get", server.url("/t.bin"), "-o", out.string, "-q", "-x", "1"], state: state.path) == 0)
         #expect(dir.read("t.bin") == body)
         // A clean stop keeps every byte it received: the rerun asks for exactly the rest.
         #expect(server.requests("/t.bin").last?.headers["range"] == "bytes=\(held)-\(body.count - 1)")

@@ -8,17 +8,17 @@ import TestServer
 
 /// A real `pickup serve` process on a free loopback port.
 struct ServeProcess {
-    let process: Process
+    let process: Child
     let client: DaemonClient
 
     /// Starts `pickup serve` and waits until it answers on the address it wrote.
     static func start(root: TempDir, state: TempDir, _ extra: [String] = []) async throws -> ServeProcess {
         let files = DaemonFiles(directory: state.path)
         let stale = files.readAddress()
-        let p = try CLI.start(["serve", "--listen", "127.0.0.1:0", "-d", root.path.string, "--state", state.path.string,
+        let p = try await CLI.start(["serve", "--listen", "127.0.0.1:0", "-d", root.path.string, "--state", state.path.string,
                                "-x", "1", "--stall-timeout", "1"] + extra, state: state.path)
         var answered: DaemonClient?
-        _ = await CLI.eventually(every: 0.02) {
+        _ = await eventually(every: 0.02) {
             guard p.isRunning else { return true }
             if let url = files.readAddress(), url != stale, let token = files.readToken() {
                 let client = DaemonClient(baseURL: url, token: token)
@@ -27,7 +27,7 @@ struct ServeProcess {
             return answered != nil
         }
         if let answered { return ServeProcess(process: p, client: answered) }
-        kill(p.processIdentifier, SIGKILL)
+        await p.stop()
         throw CocoaError(.fileReadUnknown, userInfo: [NSLocalizedDescriptionKey: "pickup serve did not start"])
     }
 
@@ -35,7 +35,7 @@ struct ServeProcess {
     @discardableResult
     func waitUntil(_ condition: ([APIDownload]) -> Bool) async throws -> [APIDownload] {
         var last: [APIDownload] = []
-        if try await CLI.eventually(every: 0.02, {
+        if try await eventually(every: 0.02, {
             last = try await client.list()
             return condition(last)
         }) { return last }
@@ -44,17 +44,12 @@ struct ServeProcess {
     }
 
     /// Kills it if it still runs (for `defer`, so that a failed test leaves no daemon behind).
-    func stopIfRunning() {
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-    }
+    func stopIfRunning() { process.kill() }
 
-    func signal(_ sig: Int32) -> Process.TerminationReason {
-        kill(process.processIdentifier, sig)
-        process.waitUntilExit()
-        return process.terminationReason
+    /// Sends `sig` and waits for its end.
+    func signal(_ sig: Int32) async -> Child.Status {
+        process.signal(sig)
+        return await process.wait()
     }
 }
 
@@ -76,9 +71,9 @@ struct ServeProcess {
             _ = try await first.client.add(APIAddRequest(url: server.url("/d/\(i).bin"), name: "f\(i).bin", paused: i == 3 ? true : nil))
         }
         let control = { @Sendable (i: Int) in ControlFile.load(root.file("f\(i).bin.pickup-ctl"))?.durableBytes ?? 0 }
-        let going = try await CLI.offPool { CLI.waitFor { (0..<3).allSatisfy { control($0) > 500_000 } } }
+        let going = await eventually { (0..<3).allSatisfy { control($0) > 500_000 } }
         #expect(going, "the downloads did not get going")
-        #expect(first.signal(SIGKILL) == .uncaughtSignal)
+        #expect(await first.signal(SIGKILL) == .signalled(SIGKILL))
         let held = (0..<3).map { heldAfterKill(root.file("f\($0).bin")).written }
         let before = (0..<4).map { server.requests("/d/\($0).bin").count }
 
@@ -97,7 +92,7 @@ struct ServeProcess {
         }
         #expect(server.requests("/d/3.bin").isEmpty)
         #expect(try await second.client.list(state: "paused").count == 1)
-        #expect(second.signal(SIGTERM) == .exit)
+        #expect(await second.signal(SIGTERM).exited)
         await server.stop()
     }
 
@@ -116,9 +111,9 @@ struct ServeProcess {
             defer { daemon.stopIfRunning() }
             if round == 0 { _ = try await daemon.client.add(APIAddRequest(url: server.url("/loop.bin"), name: "loop.bin")) }
             let before = asked
-            #expect(await CLI.eventually { server.requests("/loop.bin").count > before }, "round \(round): the download did not run")
+            #expect(await eventually { server.requests("/loop.bin").count > before }, "round \(round): the download did not run")
             asked = server.requests("/loop.bin").count
-            #expect(daemon.signal(SIGKILL) == .uncaughtSignal)
+            #expect(await daemon.signal(SIGKILL) == .signalled(SIGKILL))
         }
         let third = try await ServeProcess.start(root: root, state: state, ["--stall-timeout", "600"])
         defer { third.stopIfRunning() }
@@ -131,8 +126,8 @@ struct ServeProcess {
         #expect(server.requests("/loop.bin").count == asked, "the held download ran again")
         // The user may try it again: resumed, it runs.
         _ = try await third.client.resume(held.id)
-        #expect(await CLI.eventually { server.requests("/loop.bin").count > asked })
-        #expect(third.signal(SIGTERM) == .exit)
+        #expect(await eventually { server.requests("/loop.bin").count > asked })
+        #expect(await third.signal(SIGTERM).exited)
         await server.stop()
     }
 
@@ -147,8 +142,7 @@ struct ServeProcess {
         defer { first.stopIfRunning() }
         let d = try await first.client.add(APIAddRequest(url: server.url("/t.bin")))
         try await first.waitUntil { $0.first?.bytesDone ?? 0 > 300_000 }
-        #expect(first.signal(SIGTERM) == .exit)
-        #expect(first.process.terminationStatus == 0)
+        #expect(await first.signal(SIGTERM) == .exited(0))
         #expect(DaemonFiles(directory: state.path).readAddress() == nil)
         // Whatever arrived before the signal is durable: the checkpoint at shutdown covers it.
         let held = try #require(Downloader.partialProgress(of: DownloadRequest(url: server.url("/t.bin"), destination: .directory(root.path)))).bytesHeld
@@ -161,7 +155,7 @@ struct ServeProcess {
         #expect(root.read("t.bin") == body)
         #expect(server.requests("/t.bin").last?.headers["range"]?.hasPrefix("bytes=\(held)-") == true)
         #expect(try await second.client.download(d.id).state == "completed")
-        _ = second.signal(SIGTERM)
+        _ = await second.signal(SIGTERM)
         await server.stop()
     }
 
@@ -177,44 +171,43 @@ struct ServeProcess {
         // `pickup watch` on a pipe: a line per change, from the snapshot on.
         let watchLog = state.file("watch.log")
         _ = FileManager.default.createFile(atPath: watchLog.string, contents: nil)
-        let watch = try CLI.start(["watch"] + s, state: state.path, output: FileHandle(forWritingTo: URL(fileURLWithPath: watchLog.string)))
-        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
+        let watch = try await CLI.start(["watch"] + s, state: state.path, output: .file(watchLog.string))
+        defer { watch.kill() }
         let watched = { String(decoding: FileManager.default.contents(atPath: watchLog.string) ?? Data(), as: UTF8.self) }
-        let added = try CLI.output(["add", server.url("/c.bin"), "-o", "c.bin"] + s)
+        let added = try await CLI.output(["add", server.url("/c.bin"), "-o", "c.bin"] + s)
         #expect(added.status == 0)
         #expect(added.text.hasPrefix("added 1 c.bin"))
-        #expect(try CLI.run(["pause", "1"] + s, state: state.path) == 0)
+        #expect(try await CLI.run(["pause", "1"] + s, state: state.path) == 0)
         #expect(try await daemon.client.download(1).state == "paused")
-        let listed = try CLI.output(["ls", "paused"] + s)
+        let listed = try await CLI.output(["ls", "paused"] + s)
         #expect(listed.status == 0)
         #expect(listed.text.contains("paused") && listed.text.contains("c.bin"))
         server.update("/c.bin") { $0.bytesPerSecond = nil }
-        #expect(try CLI.run(["resume", "--all"] + s, state: state.path) == 0)
+        #expect(try await CLI.run(["resume", "--all"] + s, state: state.path) == 0)
         try await daemon.waitUntil { $0.first?.state == "completed" }
         #expect(root.read("c.bin") == body)
-        #expect(CLI.waitFor { watched().contains("completed") }, "watch showed: \(watched())")
+        #expect(await eventually { watched().contains("completed") }, "watch showed: \(watched())")
         #expect(watched().contains("paused"))
-        #expect(try CLI.run(["rm", "1", "--delete-file"] + s, state: state.path) == 0)
-        #expect(CLI.waitFor { watched().contains("removed 1") })
-        kill(watch.processIdentifier, SIGKILL)
-        watch.waitUntilExit()
+        #expect(try await CLI.run(["rm", "1", "--delete-file"] + s, state: state.path) == 0)
+        #expect(await eventually { watched().contains("removed 1") })
+        await watch.stop()
         #expect(root.read("c.bin") == nil)
         // Refused by the daemon: 2; no such download: 2; bad usage: 2.
-        #expect(try CLI.run(["add", "gopher://x/y"] + s, state: state.path) == 2)
-        #expect(try CLI.run(["pause", "42"] + s, state: state.path) == 2)
-        #expect(try CLI.run(["pause"] + s, state: state.path) == 2)
-        _ = daemon.signal(SIGTERM)
+        #expect(try await CLI.run(["add", "gopher://x/y"] + s, state: state.path) == 2)
+        #expect(try await CLI.run(["pause", "42"] + s, state: state.path) == 2)
+        #expect(try await CLI.run(["pause"] + s, state: state.path) == 2)
+        _ = await daemon.signal(SIGTERM)
         // No daemon: 3.
-        #expect(try CLI.run(["ls"] + s, state: state.path) == 3)
+        #expect(try await CLI.run(["ls"] + s, state: state.path) == 3)
         await server.stop()
     }
 }
 
 extension CLI {
     /// Runs `pickup` with a state directory of its own and returns its exit status and standard output.
-    static func output(_ args: [String]) throws -> (status: Int32, text: String) {
+    static func output(_ args: [String]) async throws -> (status: Int32, text: String) {
         let state = TempDir()
-        let r = try capture(args, state: state.path)
+        let r = try await capture(args, state: state.path)
         withExtendedLifetime(state) {}
         return (r.status, r.out)
     }
@@ -227,17 +220,17 @@ struct DescriptorLimitTests {
     @Test func aFloodOfConnectionsPastTheDescriptorLimitIsClosedNotSpunOn() async throws {
         let root = TempDir(), state = TempDir()
         let files = DaemonFiles(directory: state.path)
-        let p = try CLI.start(["serve", "--listen", "127.0.0.1:0", "-d", root.path.string, "--state", state.path.string],
+        let p = try await CLI.start(["serve", "--listen", "127.0.0.1:0", "-d", root.path.string, "--state", state.path.string],
                               state: state.path, through: { ["/usr/bin/prlimit", "--nofile=128:128"] + $0 })
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        #expect(await CLI.eventually { files.readAddress() != nil || !p.isRunning })
+        defer { p.kill() }
+        #expect(await eventually { files.readAddress() != nil || !p.isRunning })
         let port = try #require(files.readAddress().flatMap { URL(string: $0)?.port })
         // More connections than the process has descriptors.
         let flood = (0..<200).compactMap { _ in try? RawConnection(port: port) }
         #expect(flood.count == 200)
         // Those past its budget (half of 128) are closed, not left waiting in the backlog while
         // every accept fails.
-        let closed = await CLI.eventually(seconds: 60) { flood.filter { $0.closedByPeer }.count >= 200 - 64 }
+        let closed = await eventually(seconds: 60) { flood.filter { $0.closedByPeer }.count >= 200 - 64 }
         #expect(closed, "\(flood.filter { $0.closedByPeer }.count) of 200 closed")
         withExtendedLifetime(flood) {}
     }

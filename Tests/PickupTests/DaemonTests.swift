@@ -306,7 +306,7 @@ final class DaemonFixture: TestFixture, @unchecked Sendable {
             f.server.set("/s.bin", Resource(body: Resource.bytes(count: 500)))
             let d = try await f.client.add(APIAddRequest(url: f.server.url("/s.bin")))
             try await f.waitUntil { $0[d.id]?.state == "completed" }
-            #expect(CLI.waitFor { lines(log).count == 1 })
+            #expect(await eventually { lines(log).count == 1 })
             #expect(lines(log).first?.hasPrefix("completed|500|") == true)
             _ = try await f.client.update(APISettingsPatch(maxConcurrentDownloads: 5))
             let saved = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: settings.string))) as? [String: Any])
@@ -368,7 +368,7 @@ final class DaemonFixture: TestFixture, @unchecked Sendable {
             let ok = try await f.client.add(APIAddRequest(url: f.server.url("/h.bin")))
             let bad = try await f.client.add(APIAddRequest(url: f.server.url("/missing.bin")))
             try await f.waitUntil { $0[ok.id]?.state == "completed" && $0[bad.id]?.state == "failed" }
-            #expect(CLI.waitFor { (try? String(contentsOfFile: log.string, encoding: .utf8))?.split(separator: "\n").count == 2 })
+            #expect(await eventually { (try? String(contentsOfFile: log.string, encoding: .utf8))?.split(separator: "\n").count == 2 })
             let lines = try String(contentsOfFile: log.string, encoding: .utf8).split(separator: "\n").map(String.init).sorted()
             #expect(lines == ["completed 1234 \(f.root.file("h.bin").string) \(f.server.url("/h.bin"))",
                               "failed   \(f.server.url("/missing.bin"))"])
@@ -429,7 +429,7 @@ final class DaemonFixture: TestFixture, @unchecked Sendable {
             #expect(seen.value.isEmpty, "\(seen.value)")
             // The API's own answer says so too. A poll: on loaded cores a starved process can fall
             // below its limit for a moment, when nothing holds it.
-            #expect(try await CLI.eventually { try await f.client.download(own.id).limitedBy == "download" })
+            #expect(try await eventually { try await f.client.download(own.id).limitedBy == "download" })
 
             // The global limit, far below its own: the global one holds it.
             _ = try await f.client.update(APISettingsPatch(speedLimit: .some(60_000)))
@@ -515,14 +515,14 @@ final class RawConnection {
             var closed = false
             for byte in "GET /api/v1/downloads HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".map(String.init) {
                 slow.send(byte)
-                if await CLI.eventually(seconds: 0.1, { slow.closedByPeer }) {
+                if await eventually(seconds: 0.1, { slow.closedByPeer }) {
                     closed = true
                     break
                 }
             }
-            let slowClosed = await CLI.eventually(seconds: 30) { closed || slow.closedByPeer }
+            let slowClosed = await eventually(seconds: 30) { closed || slow.closedByPeer }
             #expect(slowClosed, "a slow head kept its connection")
-            #expect(await CLI.eventually(seconds: 30) { idle.closedByPeer }, "an idle connection was kept")
+            #expect(await eventually(seconds: 30) { idle.closedByPeer }, "an idle connection was kept")
             // The daemon answers others meanwhile and after.
             #expect(try await f.api(.GET, "/downloads").status == 200)
         }
@@ -540,7 +540,7 @@ final class RawConnection {
             // up last, not necessarily the last opened) is closed, the others stay.
             let all = try (0..<5).map { _ in try RawConnection(port: Self.port(f)) }
             let closedCount = { all.filter { $0.closedByPeer }.count }
-            #expect(await CLI.eventually(seconds: 30) { closedCount() >= 1 }, "a connection past the limit was served")
+            #expect(await eventually(seconds: 30) { closedCount() >= 1 }, "a connection past the limit was served")
             #expect(closedCount() == 1, "\(closedCount()) of 5 closed with a limit of 4")
             withExtendedLifetime(all) {}
         }

@@ -13,24 +13,15 @@ final class SmallDisk: @unchecked Sendable {
         let dir = TempDir().path.string + "-disk"
         try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         path = FilePath(dir)
-        guard Self.sh("/bin/mount", ["-t", "tmpfs", "-o", "size=\(megabytes)m", "tmpfs", dir]) else { return nil }
+        // mount(2) itself, not mount(8): nothing to wait for, in `init` and `deinit` alike.
+        guard mount("tmpfs", dir, "tmpfs", 0, "size=\(megabytes)m") == 0 else { return nil }
     }
     func grow(megabytes: Int) -> Bool {
-        Self.sh("/bin/mount", ["-o", "remount,size=\(megabytes)m", path.string])
+        mount("tmpfs", path.string, "tmpfs", UInt(MS_REMOUNT), "size=\(megabytes)m") == 0
     }
     deinit {
-        _ = Self.sh("/bin/umount", [path.string])
+        umount2(path.string, Int32(MNT_DETACH))
         try? FileManager.default.removeItem(atPath: path.string)
-    }
-    static func sh(_ cmd: String, _ args: [String]) -> Bool {
-        guard FileManager.default.isExecutableFile(atPath: cmd) else { return false }
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: cmd)
-        p.arguments = args
-        p.standardError = FileHandle.nullDevice
-        guard (try? p.runWithSignalsUnblocked()) != nil else { return false }
-        p.waitUntilExit()
-        return p.terminationStatus == 0
     }
 }
 

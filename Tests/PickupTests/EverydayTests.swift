@@ -11,7 +11,7 @@ import TestServer
     func pickup(_ args: [String], state: TempDir, environment: [String: String] = [:], input: [UInt8]? = nil) async throws
         -> (status: Int32, out: String, err: String)
     {
-        let r = try await CLI.offPool { try CLI.captureBytes(args, state: state.path, environment: environment, input: input) }
+        let r = try await CLI.captureBytes(args, state: state.path, environment: environment, input: input)
         return (r.status, String(decoding: r.out, as: UTF8.self), r.err)
     }
 
@@ -147,16 +147,12 @@ import TestServer
         server.set("/a-rather-long-file-name-for-a-narrow-terminal.iso", slow)
         let dir = TempDir(), state = TempDir()
         let args = ["get", server.url("/a-rather-long-file-name-for-a-narrow-terminal.iso"), "-d", dir.path.string, "-x", "1"]
-        let r = try await CLI.offPool { () throws -> (Int32, String) in
-            let out = Pipe()
-            // On a terminal (`script`'s) of 40 columns.
-            let p = try CLI.start(args, state: state.path, output: out, through: { command in
-                ["/usr/bin/script", "-q", "-e", "-c", "stty cols 40 rows 20; exec " + CLI.shellQuoted(command), "/dev/null"]
-            })
-            let data = out.fileHandleForReading.readDataToEndOfFile()
-            p.waitUntilExit()
-            return (p.terminationStatus, String(decoding: data, as: UTF8.self))
-        }
+        // On a terminal (`script`'s) of 40 columns.
+        let p = try await CLI.start(args, state: state.path, output: .captured, through: { command in
+            ["/usr/bin/script", "-q", "-e", "-c", "stty cols 40 rows 20; exec " + CLI.shellQuoted(command), "/dev/null"]
+        })
+        let outcome = await p.finish()
+        let r = (outcome.status.code, outcome.text)
         #expect(r.0 == 0, "\(r.1)")
         let same = dir.read("a-rather-long-file-name-for-a-narrow-terminal.iso") == body
         #expect(same)
@@ -175,7 +171,7 @@ import TestServer
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         let version = PickupVersion.string
         #expect(version.split(separator: ".").count == 3 && version.split(separator: ".").allSatisfy { Int($0) != nil }, "semantic: \(version)")
-        let printed = try await CLI.offPool { try CLI.captureBytes(["--version"], state: TempDir().path) }
+        let printed = try await CLI.captureBytes(["--version"], state: TempDir().path)
         #expect(String(decoding: printed.out, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines) == version)
         let changelog = try String(contentsOf: root.appendingPathComponent("CHANGELOG.md"), encoding: .utf8)
         let releases = changelog.split(separator: "\n").filter { $0.hasPrefix("## [") && !$0.hasPrefix("## [Unreleased]") }

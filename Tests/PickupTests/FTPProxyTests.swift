@@ -103,16 +103,14 @@ struct FTPProxyTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 2 << 20, seed: 81)
         site.write("s.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        let ftp = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
         defer { ftp.stop() }
-        let proxy = try ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
+        let proxy = try await ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
         defer { proxy.stop() }
         let socksH = proxy.url.replacingOccurrences(of: "socks5://", with: "socks5h://")
-        let (named, resolved, env) = try await CLI.offPool {
-            (try CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("a").string, "-x", "3", "--proxy", socksH], state: state.path),
-             try CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("b").string, "--proxy", proxy.url], state: state.path),
-             try CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("c").string], state: state.path, environment: ["all_proxy": socksH]))
-        }
+        let (named, resolved, env) = (try await CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("a").string, "-x", "3", "--proxy", socksH], state: state.path),
+             try await CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("b").string, "--proxy", proxy.url], state: state.path),
+             try await CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("c").string], state: state.path, environment: ["all_proxy": socksH]))
         #expect(named.status == 0, "\(named.err) \(ftp.log)")
         #expect(resolved.status == 0, "\(resolved.err) \(ftp.log)")
         #expect(env.status == 0, "\(env.err) \(ftp.log)")
@@ -147,18 +145,16 @@ struct FTPProxyTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 300_000, seed: 87)
         site.write("n.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string)
+        let ftp = try await FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
         let url = "ftp://localhost:\(ftp.port)/n.bin"
-        let here = try ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
+        let here = try await ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
         defer { here.stop() }
-        let there = try ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
+        let there = try await ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
         defer { there.stop() }
         let socksH = there.url.replacingOccurrences(of: "socks5://", with: "socks5h://")
-        let (a, b) = try await CLI.offPool {
-            (try CLI.capture(["get", url, "-o", dir.file("a").string, "--proxy", here.url], state: state.path),
-             try CLI.capture(["get", url, "-o", dir.file("b").string, "--proxy", socksH], state: state.path))
-        }
+        let (a, b) = (try await CLI.capture(["get", url, "-o", dir.file("a").string, "--proxy", here.url], state: state.path),
+             try await CLI.capture(["get", url, "-o", dir.file("b").string, "--proxy", socksH], state: state.path))
         #expect(a.status == 0 && b.status == 0, "\(a.err) \(b.err)")
         let same = dir.read("a") == body && dir.read("b") == body
         #expect(same)
@@ -170,16 +166,14 @@ struct FTPProxyTests {
     @Test func aDeadProxyFailsAndNeverGoesDirect() async throws {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         site.write("d.bin", Resource.bytes(count: 10_000, seed: 82))
-        let ftp = try FTPServerProcess(root: site.path.string)
+        let ftp = try await FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
         let dead = try Nginx.freePort()
         let args = ["get", ftp.url("/d.bin"), "-d", dir.path.string, "--retries", "1"]
-        let (socks, env, http, tunnel) = try await CLI.offPool {
-            (try CLI.capture(args + ["--proxy", "socks5h://127.0.0.1:\(dead)"], state: state.path),
-             try CLI.capture(args, state: state.path, environment: ["all_proxy": "socks5://127.0.0.1:\(dead)"]),
-             try CLI.capture(args + ["--proxy", "http://127.0.0.1:\(dead)"], state: state.path),
-             try CLI.capture(args + ["--proxy", "http://127.0.0.1:\(dead)", "--proxytunnel"], state: state.path))
-        }
+        let (socks, env, http, tunnel) = (try await CLI.capture(args + ["--proxy", "socks5h://127.0.0.1:\(dead)"], state: state.path),
+             try await CLI.capture(args, state: state.path, environment: ["all_proxy": "socks5://127.0.0.1:\(dead)"]),
+             try await CLI.capture(args + ["--proxy", "http://127.0.0.1:\(dead)"], state: state.path),
+             try await CLI.capture(args + ["--proxy", "http://127.0.0.1:\(dead)", "--proxytunnel"], state: state.path))
         for (name, r) in [("socks", socks), ("all_proxy", env), ("http", http), ("tunnel", tunnel)] {
             #expect(r.status == 3, "\(name): \(r.status) \(r.err)")
             #expect(r.err.contains("proxy"), "\(name): \(r.err)")
@@ -187,12 +181,10 @@ struct FTPProxyTests {
         #expect(Self.clients(ftp).isEmpty, "a download went around the dead proxy: \(ftp.log)")
         #expect(dir.read("d.bin") == nil)
         // --noproxy and no_proxy decide, as for HTTP: then it goes direct.
-        let (option, variable) = try await CLI.offPool {
-            (try CLI.capture(["get", ftp.url("/d.bin"), "-o", dir.file("n").string, "--proxy", "socks5h://127.0.0.1:\(dead)", "--noproxy",
+        let (option, variable) = (try await CLI.capture(["get", ftp.url("/d.bin"), "-o", dir.file("n").string, "--proxy", "socks5h://127.0.0.1:\(dead)", "--noproxy",
                               "127.0.0.1"], state: state.path),
-             try CLI.capture(["get", ftp.url("/d.bin"), "-o", dir.file("v").string], state: state.path,
+             try await CLI.capture(["get", ftp.url("/d.bin"), "-o", dir.file("v").string], state: state.path,
                              environment: ["all_proxy": "socks5://127.0.0.1:\(dead)", "no_proxy": "127.0.0.1"]))
-        }
         #expect(option.status == 0 && variable.status == 0, "\(option.err) \(variable.err)")
         #expect(dir.read("n") == Resource.bytes(count: 10_000, seed: 82) && dir.read("v") == dir.read("n"))
     }
@@ -204,15 +196,13 @@ struct FTPProxyTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 1 << 20, seed: 83)
         site.write("q.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string)
+        let ftp = try await FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
-        let squid = try SquidProcess()
+        let squid = try await SquidProcess()
         defer { squid.stop() }
         let secure = ftp.url("/q.bin").replacingOccurrences(of: "ftp://", with: "ftps://")
-        let (plain, refused) = try await CLI.offPool {
-            (try CLI.capture(["get", ftp.url("/q.bin"), "-o", dir.file("q").string, "--proxy", squid.url], state: state.path),
-             try CLI.capture(["get", secure, "-o", dir.file("s").string, "--proxy", squid.url], state: state.path))
-        }
+        let (plain, refused) = (try await CLI.capture(["get", ftp.url("/q.bin"), "-o", dir.file("q").string, "--proxy", squid.url], state: state.path),
+             try await CLI.capture(["get", secure, "-o", dir.file("s").string, "--proxy", squid.url], state: state.path))
         #expect(plain.status == 0, "\(plain.err) \(squid.log)")
         let same = dir.read("q") == body
         #expect(same)
@@ -229,13 +219,11 @@ struct FTPProxyTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 1 << 20, seed: 84)
         site.write("t.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string)
+        let ftp = try await FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
-        let proxy = try ProxyProcess(.tinyproxy)
+        let proxy = try await ProxyProcess(.tinyproxy)
         defer { proxy.stop() }
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", ftp.url("/t.bin"), "-o", dir.file("t").string, "--proxy", proxy.url, "--proxytunnel"], state: state.path)
-        }
+        let result = try await CLI.capture(["get", ftp.url("/t.bin"), "-o", dir.file("t").string, "--proxy", proxy.url, "--proxytunnel"], state: state.path)
         #expect(result.status == 0, "\(result.err) \(proxy.log)")
         let same = dir.read("t") == body
         #expect(same)
@@ -250,9 +238,9 @@ struct FTPProxyTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 4 << 20, seed: 85)
         site.write("m.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        let ftp = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
         defer { ftp.stop() }
-        let proxy = try ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
+        let proxy = try await ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
         defer { proxy.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
@@ -260,9 +248,7 @@ struct FTPProxyTests {
         primary.maxConcurrent = 1
         primary.headers["Link"] = "<\(ftp.url("/m.bin"))>; rel=duplicate; pri=1"
         server.set("/m.bin", primary)
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", server.url("/m.bin"), "-o", dir.file("m").string, "-x", "4", "--proxy", proxy.url], state: state.path)
-        }
+        let result = try await CLI.capture(["get", server.url("/m.bin"), "-o", dir.file("m").string, "-x", "4", "--proxy", proxy.url], state: state.path)
         #expect(result.status == 0, "\(result.err) \(ftp.log)")
         let same = dir.read("m") == body
         #expect(same)
@@ -275,14 +261,12 @@ struct FTPProxyTests {
     @Test func aRefusedLoginDoesNotShowItsUserName() async throws {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         site.write("x.bin", [1, 2, 3])
-        let ftp = try FTPServerProcess(root: site.path.string)
+        let ftp = try await FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
         let token = "ghp_SECRETTOKEN123"
         let inURL = ftp.url("/x.bin").replacingOccurrences(of: "ftp://", with: "ftp://\(token):pw@")
-        let (url, option) = try await CLI.offPool {
-            (try CLI.capture(["get", inURL, "-d", dir.path.string, "--json"], state: state.path),
-             try CLI.capture(["get", ftp.url("/x.bin"), "-d", dir.path.string, "--json", "-u", "\(token):pw"], state: state.path))
-        }
+        let (url, option) = (try await CLI.capture(["get", inURL, "-d", dir.path.string, "--json"], state: state.path),
+             try await CLI.capture(["get", ftp.url("/x.bin"), "-d", dir.path.string, "--json", "-u", "\(token):pw"], state: state.path))
         for r in [url, option] {
             #expect(r.status == 4, "\(r.err)")
             #expect(r.err.contains("refused the login as ***"), "\(r.err)")
@@ -296,14 +280,14 @@ struct FTPProxyTests {
     @Test func theAPIDoesNotShowARefusedUserName() async throws {
         let site = TempDir()
         site.write("x.bin", [1, 2, 3])
-        let ftp = try FTPServerProcess(root: site.path.string)
+        let ftp = try await FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
         try await DaemonFixture().run { f in
             let token = "ghp_SECRETTOKEN123"
             let added = try await f.client.add(APIAddRequest(url: ftp.url("/x.bin").replacingOccurrences(of: "ftp://", with: "ftp://\(token):pw@")))
             var seen = added
             // Polled, bounded: a refused login fails at once (pyftpdlib waits a few seconds before saying so).
-            _ = try await CLI.eventually(every: 0.1) {
+            _ = try await eventually(every: 0.1) {
                 seen = try await f.client.download(added.id)
                 return seen.state == "failed"
             }
@@ -320,14 +304,12 @@ struct FTPProxyTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 2 << 20, seed: 86)
         site.write("l.bin", body)
-        let first = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        let first = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
         defer { first.stop() }
-        let second = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        let second = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
         defer { second.stop() }
         let withLogin = first.url("/l.bin").replacingOccurrences(of: "ftp://", with: "ftp://alice:s3cret@")
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", withLogin, second.url("/l.bin"), "-o", dir.file("l").string, "-x", "4"], state: state.path)
-        }
+        let result = try await CLI.capture(["get", withLogin, second.url("/l.bin"), "-o", dir.file("l").string, "-x", "4"], state: state.path)
         #expect(result.status == 0, "\(result.err)")
         let same = dir.read("l") == body
         #expect(same)
@@ -349,19 +331,17 @@ struct FTPSProxyTests {
         let body = Resource.bytes(count: 1 << 20, seed: 88)
         site.write("p.bin", body)
         chmod(site.file("p.bin").string, 0o644)
-        let (cert, key) = try makeLoopbackCertificate(in: keys)
-        let ftp = try VsftpdProcess(root: site.path.string, certificate: (cert, key))
+        let (cert, key) = try await makeLoopbackCertificate(in: keys)
+        let ftp = try await VsftpdProcess(root: site.path.string, certificate: (cert, key))
         defer { ftp.stop() }
-        let socks = try ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
+        let socks = try await ProxyProcess(.microsocks, bindOutgoing: "127.0.0.2")
         defer { socks.stop() }
-        let http = try ProxyProcess(.tinyproxy)
+        let http = try await ProxyProcess(.tinyproxy)
         defer { http.stop() }
         let url = ftp.url("/p.bin", secure: true)
-        let (viaSOCKS, viaTunnel) = try await CLI.offPool {
-            (try CLI.capture(["get", url, "-o", dir.file("s").string, "-x", "2", "--ca-certificate", cert, "--proxy", socks.url], state: state.path),
-             try CLI.capture(["get", url, "-o", dir.file("t").string, "--ca-certificate", cert, "--proxy", http.url, "--proxytunnel"],
+        let (viaSOCKS, viaTunnel) = (try await CLI.capture(["get", url, "-o", dir.file("s").string, "-x", "2", "--ca-certificate", cert, "--proxy", socks.url], state: state.path),
+             try await CLI.capture(["get", url, "-o", dir.file("t").string, "--ca-certificate", cert, "--proxy", http.url, "--proxytunnel"],
                              state: state.path))
-        }
         #expect(viaSOCKS.status == 0, "\(viaSOCKS.err) \(ftp.log)")
         #expect(viaTunnel.status == 0, "\(viaTunnel.err) \(ftp.log) \(http.log)")
         let same = dir.read("s") == body && dir.read("t") == body

@@ -84,18 +84,16 @@ struct FTPTests {
         let body = Resource.bytes(count: 3 << 20, seed: 51)
         site.write("f.bin", body)
         // Paced per data connection, so that more sessions open before the first has it all.
-        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 2 << 20)
+        let ftp = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 2 << 20)
         defer { ftp.stop() }
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", ftp.url("/f.bin"), "-d", dir.path.string, "-x", "4"], state: state.path)
-        }
+        let result = try await CLI.capture(["get", ftp.url("/f.bin"), "-d", dir.path.string, "-x", "4"], state: state.path)
         #expect(result.status == 0, "\(result.err) \(ftp.log)")
         let same = dir.read("f.bin") == body
         #expect(same)
         #expect(ftp.retrievals("/f.bin") >= 2, "\(ftp.log)")
         // Run again: the finished file is recognised (its SIZE and MDTM), nothing is fetched.
         let before = ftp.retrievals("/f.bin")
-        let again = try await CLI.offPool { try CLI.capture(["get", ftp.url("/f.bin"), "-d", dir.path.string], state: state.path) }
+        let again = try await CLI.capture(["get", ftp.url("/f.bin"), "-d", dir.path.string], state: state.path)
         #expect(again.status == 0 && again.err.contains("unchanged"), "\(again.err)")
         #expect(ftp.retrievals("/f.bin") == before)
         #expect(dir.entries == ["f.bin"])
@@ -105,7 +103,7 @@ struct FTPTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let v1 = Resource.bytes(count: 4 << 20, seed: 52)
         site.write("r.bin", v1)
-        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        let ftp = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
         defer { ftp.stop() }
         let part = dir.file("r.bin.pickup-part")
         let killed = try await CLI.startAndKill(["get", ftp.url("/r.bin"), "-o", dir.file("r.bin").string, "-q", "-x", "1"], state: state.path) {
@@ -113,9 +111,7 @@ struct FTPTests {
         }
         #expect(killed)
         // Resumed from where it was: REST, not the whole file again.
-        let resumed = try await CLI.offPool {
-            try CLI.capture(["get", ftp.url("/r.bin"), "-o", dir.file("r.bin").string, "-x", "1"], state: state.path)
-        }
+        let resumed = try await CLI.capture(["get", ftp.url("/r.bin"), "-o", dir.file("r.bin").string, "-x", "1"], state: state.path)
         #expect(resumed.status == 0, "\(resumed.err)")
         #expect(resumed.err.contains("resuming"), "\(resumed.err)")
         let same = dir.read("r.bin") == v1
@@ -134,9 +130,7 @@ struct FTPTests {
         site.write("s.bin", v2)
         let later = Date().addingTimeInterval(120)
         try FileManager.default.setAttributes([.modificationDate: later], ofItemAtPath: site.file("s.bin").string)
-        let changed = try await CLI.offPool {
-            try CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("s.bin").string, "-x", "1"], state: state.path)
-        }
+        let changed = try await CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("s.bin").string, "-x", "1"], state: state.path)
         #expect(changed.status == 0, "\(changed.err)")
         let isV2 = dir.read("s.bin") == v2
         #expect(isV2, "spliced or stale")
@@ -146,15 +140,13 @@ struct FTPTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         site.write("x.bin", [1, 2, 3])
         try FileManager.default.createDirectory(atPath: site.file("sub").string, withIntermediateDirectories: true)
-        let ftp = try FTPServerProcess(root: site.path.string)
+        let ftp = try await FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
-        let (missing, directory, login, good) = try await CLI.offPool {
-            (try CLI.capture(["get", ftp.url("/nope.bin"), "-d", dir.path.string], state: state.path),
-             try CLI.capture(["get", ftp.url("/sub"), "-d", dir.path.string], state: state.path),
-             try CLI.capture(["get", ftp.url("/x.bin").replacingOccurrences(of: "ftp://", with: "ftp://alice:wrong@"), "-d", dir.path.string],
+        let (missing, directory, login, good) = (try await CLI.capture(["get", ftp.url("/nope.bin"), "-d", dir.path.string], state: state.path),
+             try await CLI.capture(["get", ftp.url("/sub"), "-d", dir.path.string], state: state.path),
+             try await CLI.capture(["get", ftp.url("/x.bin").replacingOccurrences(of: "ftp://", with: "ftp://alice:wrong@"), "-d", dir.path.string],
                              state: state.path),
-             try CLI.capture(["get", ftp.url("/x.bin"), "-o", dir.file("y.bin").string, "-u", "alice:s3cret"], state: state.path))
-        }
+             try await CLI.capture(["get", ftp.url("/x.bin"), "-o", dir.file("y.bin").string, "-u", "alice:s3cret"], state: state.path))
         #expect(missing.status == 4 && missing.err.contains("no such file"), "\(missing.err)")
         #expect(directory.status == 4 && directory.err.contains("is a directory"), "\(directory.err)")
         #expect(login.status == 4 && login.err.contains("refused the login as ***"), "\(login.err)")
@@ -176,15 +168,13 @@ struct FTPSTests {
         let body = Resource.bytes(count: 2 << 20, seed: 61)
         site.write("s.bin", body)
         chmod(site.file("s.bin").string, 0o644)
-        let (cert, key) = try makeLoopbackCertificate(in: keys)
-        let ftp = try VsftpdProcess(root: site.path.string, certificate: (cert, key))
+        let (cert, key) = try await makeLoopbackCertificate(in: keys)
+        let ftp = try await VsftpdProcess(root: site.path.string, certificate: (cert, key))
         defer { ftp.stop() }
-        let (unknown, trusted, plain) = try await CLI.offPool {
-            (try CLI.capture(["get", ftp.url("/s.bin", secure: true), "-o", dir.file("a").string, "--retries", "1"], state: state.path),
-             try CLI.capture(["get", ftp.url("/s.bin", secure: true), "-o", dir.file("b").string, "-x", "3", "--ca-certificate", cert],
+        let (unknown, trusted, plain) = (try await CLI.capture(["get", ftp.url("/s.bin", secure: true), "-o", dir.file("a").string, "--retries", "1"], state: state.path),
+             try await CLI.capture(["get", ftp.url("/s.bin", secure: true), "-o", dir.file("b").string, "-x", "3", "--ca-certificate", cert],
                              state: state.path),
-             try CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("c").string], state: state.path))
-        }
+             try await CLI.capture(["get", ftp.url("/s.bin"), "-o", dir.file("c").string], state: state.path))
         #expect(unknown.status == 3 && unknown.err.contains("TLS"), "an unknown CA is refused: \(unknown.err)")
         #expect(trusted.status == 0, "\(trusted.err) \(ftp.log)")
         #expect(plain.status == 0, "\(plain.err) \(ftp.log)")
@@ -201,13 +191,13 @@ struct FTPSTests {
         let body = Resource.bytes(count: 8 << 20, seed: 63)
         site.write("l.bin", body)
         chmod(site.file("l.bin").string, 0o644)
-        let ftp = try VsftpdProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        let ftp = try await VsftpdProcess(root: site.path.string, bytesPerSecond: 1 << 20)
         defer { ftp.stop() }
         let part = dir.file("l.bin.pickup-part")
         let args = ["get", ftp.url("/l.bin"), "-o", dir.file("l.bin").string, "-q"]
         let killed = try await CLI.startAndKill(args + ["-x", "1"], state: state.path) { (FS.size(part) ?? 0) > 1 << 20 }
         #expect(killed)
-        let resumed = try await CLI.offPool { try CLI.capture(args + ["-x", "4"], state: state.path) }
+        let resumed = try await CLI.capture(args + ["-x", "4"], state: state.path)
         #expect(resumed.status == 0, "\(resumed.err) \(ftp.log)")
         let same = dir.read("l.bin") == body
         #expect(same)
@@ -220,12 +210,10 @@ struct FTPSTests {
         let site = TempDir(), keys = TempDir(), dir = TempDir(), state = TempDir()
         site.write("r.bin", Resource.bytes(count: 100_000, seed: 62))
         chmod(site.file("r.bin").string, 0o644)
-        let (cert, key) = try makeLoopbackCertificate(in: keys)
-        let ftp = try VsftpdProcess(root: site.path.string, certificate: (cert, key), requireSSLReuse: true)
+        let (cert, key) = try await makeLoopbackCertificate(in: keys)
+        let ftp = try await VsftpdProcess(root: site.path.string, certificate: (cert, key), requireSSLReuse: true)
         defer { ftp.stop() }
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", ftp.url("/r.bin", secure: true), "-o", dir.file("r").string, "--ca-certificate", cert], state: state.path)
-        }
+        let result = try await CLI.capture(["get", ftp.url("/r.bin", secure: true), "-o", dir.file("r").string, "--ca-certificate", cert], state: state.path)
         #expect(result.status == 4, "\(result.err) \(ftp.log)")
         #expect(result.err.contains("require_ssl_reuse"), "\(result.err)")
     }
@@ -247,9 +235,9 @@ struct FTPFaultTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 3 << 20, seed: 71)
         site.write("d.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string, faults: .init(dropAfter: 1 << 20, drops: 2))
+        let ftp = try await FTPServerProcess(root: site.path.string, faults: .init(dropAfter: 1 << 20, drops: 2))
         defer { ftp.stop() }
-        let result = try await CLI.offPool { try CLI.capture(["get", ftp.url("/d.bin"), "-d", dir.path.string, "-x", "1"], state: state.path) }
+        let result = try await CLI.capture(["get", ftp.url("/d.bin"), "-d", dir.path.string, "-x", "1"], state: state.path)
         #expect(result.status == 0, "\(result.err) \(ftp.log)")
         let same = dir.read("d.bin") == body
         #expect(same)
@@ -263,23 +251,21 @@ struct FTPFaultTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 4 << 20, seed: 72)
         site.write("r.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20, faults: .init(refuseREST: true))
+        let ftp = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20, faults: .init(refuseREST: true))
         defer { ftp.stop() }
         let part = dir.file("r.bin.pickup-part")
         let args = ["get", ftp.url("/r.bin"), "-o", dir.file("r.bin").string, "-x", "1"]
         let killed = try await CLI.startAndKill(args + ["-q"], state: state.path) { (FS.size(part) ?? 0) > 1 << 20 }
         #expect(killed)
         // No restart: the held bytes are discarded and the whole file comes again from byte 0.
-        let resumed = try await CLI.offPool { try CLI.capture(args, state: state.path) }
+        let resumed = try await CLI.capture(args, state: state.path)
         #expect(resumed.status == 0, "\(resumed.err)")
         #expect(resumed.err.contains("held bytes are discarded"), "\(resumed.err)")
         let same = dir.read("r.bin") == body
         #expect(same)
         #expect(ftp.log.contains("REST") && ftp.log.contains("502"), "\(ftp.log)")
         // Several connections: the first whole answer is kept alone.
-        let several = try await CLI.offPool {
-            try CLI.capture(["get", ftp.url("/r.bin"), "-o", dir.file("x4.bin").string, "-x", "4"], state: state.path)
-        }
+        let several = try await CLI.capture(["get", ftp.url("/r.bin"), "-o", dir.file("x4.bin").string, "-x", "4"], state: state.path)
         #expect(several.status == 0, "\(several.err)")
         let same4 = dir.read("x4.bin") == body
         #expect(same4)
@@ -289,9 +275,9 @@ struct FTPFaultTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 6 << 20, seed: 73)
         site.write("m.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 2 << 20, faults: .init(maxSessions: 2))
+        let ftp = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 2 << 20, faults: .init(maxSessions: 2))
         defer { ftp.stop() }
-        let result = try await CLI.offPool { try CLI.capture(["get", ftp.url("/m.bin"), "-d", dir.path.string, "-x", "4"], state: state.path) }
+        let result = try await CLI.capture(["get", ftp.url("/m.bin"), "-d", dir.path.string, "-x", "4"], state: state.path)
         #expect(result.status == 0, "\(result.err) \(ftp.log)")
         let same = dir.read("m.bin") == body
         #expect(same)
@@ -304,9 +290,9 @@ struct FTPFaultTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 300_000, seed: 74)
         site.write("s.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string, faults: .init(replyDelay: 0.4))
+        let ftp = try await FTPServerProcess(root: site.path.string, faults: .init(replyDelay: 0.4))
         defer { ftp.stop() }
-        let result = try await CLI.offPool { try CLI.capture(["get", ftp.url("/s.bin"), "-d", dir.path.string, "-x", "2"], state: state.path) }
+        let result = try await CLI.capture(["get", ftp.url("/s.bin"), "-d", dir.path.string, "-x", "2"], state: state.path)
         #expect(result.status == 0, "\(result.err)")
         let same = dir.read("s.bin") == body
         #expect(same)
@@ -316,24 +302,20 @@ struct FTPFaultTests {
         let site = TempDir(), dir = TempDir(), state = TempDir(), lists = TempDir()
         let ftpBody = Resource.bytes(count: 500_000, seed: 75), httpBody = Resource.bytes(count: 400_000, seed: 76)
         site.write("n.bin", ftpBody)
-        let ftp = try FTPServerProcess(root: site.path.string)
+        let ftp = try await FTPServerProcess(root: site.path.string)
         defer { ftp.stop() }
         let server = try await TestServer.start()
         server.set("/h.bin", Resource(body: httpBody))
         lists.write("netrc", Array("machine 127.0.0.1 login alice password s3cret\n".utf8))
         chmod(lists.file("netrc").string, 0o600)
-        let netrc = try await CLI.offPool {
-            try CLI.capture(["get", ftp.url("/n.bin"), "-o", dir.file("n.bin").string, "--netrc-file", lists.file("netrc").string], state: state.path)
-        }
+        let netrc = try await CLI.capture(["get", ftp.url("/n.bin"), "-o", dir.file("n.bin").string, "--netrc-file", lists.file("netrc").string], state: state.path)
         #expect(netrc.status == 0, "\(netrc.err)")
         #expect(dir.read("n.bin") == ftpBody)
         #expect(ftp.log.contains("USER 'alice' logged in"), "the netrc login was not used: \(ftp.log)")
         #expect(!netrc.err.contains("s3cret"))
 
         lists.write("list.txt", Array("\(server.url("/h.bin")) out=h.bin\n\(ftp.url("/n.bin")) out=f.bin\n".utf8))
-        let both = try await CLI.offPool {
-            try CLI.capture(["get", "-i", lists.file("list.txt").string, "-d", dir.path.string, "-x", "2", "-q"], state: state.path)
-        }
+        let both = try await CLI.capture(["get", "-i", lists.file("list.txt").string, "-d", dir.path.string, "-x", "2", "-q"], state: state.path)
         #expect(both.status == 0, "\(both.err)")
         #expect(dir.read("h.bin") == httpBody)
         #expect(dir.read("f.bin") == ftpBody)
@@ -346,20 +328,20 @@ struct FTPFaultTests {
         let site = TempDir(), root = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 4 << 20, seed: 77)
         site.write("d.bin", body)
-        let ftp = try FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
+        let ftp = try await FTPServerProcess(root: site.path.string, bytesPerSecond: 1 << 20)
         defer { ftp.stop() }
         let first = try await ServeProcess.start(root: root, state: state)
         defer { first.stopIfRunning() }
         _ = try await first.client.add(APIAddRequest(url: ftp.url("/d.bin"), name: "d.bin"))
         let durable = { ControlFile.load(root.file("d.bin.pickup-ctl"))?.durableBytes ?? 0 }
-        #expect(CLI.waitFor { durable() > 1 << 20 }, "the download did not get going")
-        #expect(first.signal(SIGKILL) == .uncaughtSignal)
+        #expect(await eventually { durable() > 1 << 20 }, "the download did not get going")
+        #expect(await first.signal(SIGKILL) == .signalled(SIGKILL))
         let second = try await ServeProcess.start(root: root, state: state)
         defer { second.stopIfRunning() }
         try await second.waitUntil { $0.first?.state == "completed" }
         let same = root.read("d.bin") == body
         #expect(same)
         #expect(ftp.log.contains("REST "), "not resumed: \(ftp.log)")
-        #expect(second.signal(SIGTERM) == .exit)
+        #expect(await second.signal(SIGTERM).exited)
     }
 }

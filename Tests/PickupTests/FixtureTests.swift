@@ -22,7 +22,7 @@ import TestServer
         #expect(ports.count == 2)
         // The close is queued on the event loop when the server is released.
         for port in ports {
-            #expect(await CLI.eventually(seconds: 10) { !Nginx.canConnect(port) }, "port \(port) still listens")
+            #expect(await eventually(seconds: 10) { !Nginx.canConnect(port) }, "port \(port) still listens")
         }
     }
 }

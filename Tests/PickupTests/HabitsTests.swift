@@ -7,25 +7,16 @@ import TestServer
 
 /// Runs openssl with `args` in `dir` (its output discarded); returns its exit status.
 @discardableResult
-func openssl(_ args: [String], in dir: TempDir) throws -> Int32 {
-    let p = Process()
-    p.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-    p.currentDirectoryURL = URL(fileURLWithPath: dir.path.string)
-    p.arguments = args
-    p.standardOutput = FileHandle.nullDevice
-    p.standardError = FileHandle.nullDevice
-    try p.runWithSignalsUnblocked()
-    CLI.bound(p)
-    p.waitUntilExit()
-    return p.terminationStatus
+func openssl(_ args: [String], in dir: TempDir) async throws -> Int32 {
+    try await Child.run("/usr/bin/openssl", args, workingDirectory: dir.path.string, output: .null, errors: .null).status.code
 }
 
 /// A self-signed certificate and its key in `dir` for `name` (a DNS name, or an IP address),
 /// valid for two days from now, or (`expired`) for one day in 2020.
-func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) throws -> (certificate: String, key: String) {
+func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) async throws -> (certificate: String, key: String) {
     let san = name.first?.isNumber == true ? "IP:\(name)" : "DNS:\(name)"
     if !expired {
-        try openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "cert.pem", "-days", "2",
+        try await openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "cert.pem", "-days", "2",
                      "-subj", "/CN=\(name)", "-addext", "subjectAltName=\(san)"], in: dir)
     } else {
         // `openssl req` takes no dates in the past: `openssl ca` signs the request itself with them.
@@ -44,9 +35,9 @@ func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) t
             commonName = supplied
 
             """.utf8))
-        try openssl(["req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "req.pem", "-subj", "/CN=\(name)",
+        try await openssl(["req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "req.pem", "-subj", "/CN=\(name)",
                      "-addext", "subjectAltName=\(san)"], in: dir)
-        try openssl(["ca", "-batch", "-config", "ca.conf", "-selfsign", "-keyfile", "key.pem", "-in", "req.pem", "-out", "cert.pem",
+        try await openssl(["ca", "-batch", "-config", "ca.conf", "-selfsign", "-keyfile", "key.pem", "-in", "req.pem", "-out", "cert.pem",
                      "-startdate", "20200101000000Z", "-enddate", "20200102000000Z", "-create_serial", "-notext"], in: dir)
     }
     guard FileManager.default.fileExists(atPath: dir.file("cert.pem").string) else { throw NSError(domain: "openssl made no certificate", code: 1) }
@@ -60,7 +51,7 @@ func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) t
 @Suite(.serialized, .timeLimit(.minutes(5))) struct HabitsTests {
     /// Runs `pickup` off Swift's cooperative pool.
     func pickup(_ args: [String], state: TempDir, input: [UInt8]? = nil) async throws -> (status: Int32, out: Data, err: String) {
-        try await CLI.offPool { try CLI.captureBytes(args, state: state.path, input: input) }
+        try await CLI.captureBytes(args, state: state.path, input: input)
     }
 
     func lines(_ text: String, containing part: String) -> Int {
@@ -115,15 +106,16 @@ func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) t
         defer { Task { await server.stop() } }
         server.set("/p.bin", Resource(body: Resource.bytes(count: 48 << 20, seed: 37)))
         let state = TempDir()
-        let unread = Pipe()
-        let p = try CLI.start(["get", server.url("/p.bin"), "-o", "-", "-q"], state: state.path, output: unread)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) } }
+        var unread: [Int32] = [0, 0]
+        #expect(pipe(&unread) == 0)
+        defer { close(unread[0]) }
+        let p = try await CLI.start(["get", server.url("/p.bin"), "-o", "-", "-q"], state: state.path, output: .descriptor(unread[1]))
+        close(unread[1])  // the child has its own copy
+        defer { p.kill() }
         // More than the pipe and the stream's buffer hold: the reads have had to wait.
-        #expect(CLI.waitFor { server.bytesSent("/p.bin") > 12 << 20 })
-        kill(p.processIdentifier, SIGINT)
-        try await CLI.offPool { p.waitUntilExit() }
-        #expect(p.terminationStatus == 130)
-        try? unread.fileHandleForReading.close()
+        #expect(await eventually { server.bytesSent("/p.bin") > 12 << 20 })
+        p.signal(SIGINT)
+        #expect(await p.wait() == .exited(130))
     }
 
     /// `-i -` reads the list from standard input; running it again resumes the same batch.
@@ -211,18 +203,18 @@ func makeCertificate(in dir: TempDir, for name: String, expired: Bool = false) t
         let site = TempDir(), state = TempDir(), dir = TempDir(), keys = (0..<3).map { _ in TempDir() }
         site.write("t.bin", Resource.bytes(count: 1000))
         func get(_ certificate: (certificate: String, key: String), trusted: Bool) async throws -> (status: Int32, out: Data, err: String) {
-            let nginx = try Nginx(root: site.path.string, tls: certificate)
+            let nginx = try await Nginx(root: site.path.string, tls: certificate)
             defer { nginx.stop() }
             return try await pickup(["get", nginx.baseURL + "/t.bin", "-d", dir.path.string]
                 + (trusted ? ["--ca-certificate", certificate.certificate] : []), state: state)
         }
-        let selfSigned = try await get(try makeCertificate(in: keys[0], for: "127.0.0.1"), trusted: false)
+        let selfSigned = try await get(try await makeCertificate(in: keys[0], for: "127.0.0.1"), trusted: false)
         #expect(selfSigned.status == 3)
         #expect(selfSigned.err.contains("the certificate of 127.0.0.1 is not trusted: it is self-signed"), "\(selfSigned.err)")
-        let expired = try await get(try makeCertificate(in: keys[1], for: "127.0.0.1", expired: true), trusted: true)
+        let expired = try await get(try await makeCertificate(in: keys[1], for: "127.0.0.1", expired: true), trusted: true)
         #expect(expired.status == 3)
         #expect(expired.err.contains("the certificate of 127.0.0.1 expired on 2020-01-02"), "\(expired.err)")
-        let other = try await get(try makeCertificate(in: keys[2], for: "other.example"), trusted: true)
+        let other = try await get(try await makeCertificate(in: keys[2], for: "other.example"), trusted: true)
         #expect(other.status == 3)
         #expect(other.err.contains("the certificate of 127.0.0.1 is for another name: it names other.example, not 127.0.0.1"), "\(other.err)")
         for r in [selfSigned, expired, other] {

@@ -70,25 +70,26 @@ struct HandOffCrashTests {
                 let before = f.server.requests(path).count
                 let heldBefore = (try? BackgroundTests.held(url, in: f.dir.path).0.durableBytes) ?? 0
                 let filesBefore = tmp.entries.count
-                let killed = try await CLI.offPool { () -> Bool in
-                    let p = try CLI.start([], state: f.state.path, environment: ["TMPDIR": tmp.path.string], through: { _ in command })
-                    defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+                let killed: Bool
+                do {
+                    let p = try await CLI.start([], state: f.state.path, environment: ["TMPDIR": tmp.path.string], through: { _ in command })
+                    defer { p.kill() }
                     if !last {
                         let began = Date()
-                        let sent = { f.server.requests(path).dropFirst(before).reduce(0) { $0 + $1.bytesSent } }
-                        _ = CLI.waitFor(seconds: 120) {
-                            !p.isRunning || (early[run] ? Date().timeIntervalSince(began) >= 0.005 : sent() >= moments[run] % max(1, size - Int(heldBefore)))
-                        }
-                        kill(p.processIdentifier, SIGKILL)
+                        let server = f.server, isEarly = early[run], moment = moments[run] % max(1, size - Int(heldBefore))
+                        let sent: @Sendable () -> Int = { server.requests(path).dropFirst(before).reduce(0) { $0 + $1.bytesSent } }
+                        // Killed on the polling thread the moment it is seen.
+                        _ = await eventually(seconds: 120, {
+                            !p.isRunning || (isEarly ? Date().timeIntervalSince(began) >= 0.005 : sent() >= moment)
+                        }, then: { _ in p.signal(SIGKILL) })
                     }
-                    let ended = CLI.waitFor(seconds: 120) { !p.isRunning }
+                    let ended = await eventually(seconds: 120) { !p.isRunning }
                     #expect(ended, "\(label): probe run \(run) hung")
-                    if !ended { kill(p.processIdentifier, SIGKILL) }
-                    p.waitUntilExit()
-                    let byKill = p.terminationReason == .uncaughtSignal && p.terminationStatus == SIGKILL
-                    #expect(byKill || (p.terminationReason == .exit && p.terminationStatus == 0),
-                            "\(label): probe run \(run) ended with \(p.terminationReason == .exit ? "status" : "signal") \(p.terminationStatus)")
-                    return byKill
+                    if !ended { p.signal(SIGKILL) }
+                    let status = await p.wait()
+                    let byKill = status == .signalled(SIGKILL)
+                    #expect(byKill || status == .exited(0), "\(label): probe run \(run) ended: \(status)")
+                    killed = byKill
                 }
                 if killed { kills += 1 }
                 if !killed {

@@ -35,15 +35,15 @@ import TestServer
         let dir = TempDir(), state = TempDir(), scripts = TempDir()
         // A child in the background that outlives the hook's own process, and a wait.
         let hook = Self.hook(in: scripts, "sleep 300 >/dev/null 2>&1 &\necho $! > \(scripts.file("child.pid").string)\nsleep 300")
-        let r = try await CLI.offPool { try CLI.capture(["get", server.url("/h.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
-                                 "--hook-timeout", "1"], state: state.path) }
+        let r = try await CLI.capture(["get", server.url("/h.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+                                 "--hook-timeout", "1"], state: state.path)
         #expect(r.status == 0)
         #expect(r.err.contains("ran out of time"), "\(r.err)")
         let child = try #require(Self.pid(scripts, "child.pid"))
         let own = try #require(Self.pid(scripts, "hook.pid"))
         defer { kill(child, SIGKILL); kill(own, SIGKILL) }
         // pickup has exited: the hook and the child it started went with its process group.
-        #expect(await CLI.eventually(seconds: 10) { !Self.alive(child) && !Self.alive(own) }, "the hook's group outlived it")
+        #expect(await eventually(seconds: 10) { !Self.alive(child) && !Self.alive(own) }, "the hook's group outlived it")
         await server.stop()
     }
 
@@ -53,8 +53,8 @@ import TestServer
         let dir = TempDir(), state = TempDir(), scripts = TempDir()
         // Exits at once, leaving a background child that would hold any descriptor it inherited.
         let hook = Self.hook(in: scripts, "sleep 300 >/dev/null 2>&1 &\necho $! > \(scripts.file("child.pid").string)\nls -l /proc/self/fd/ > \(scripts.file("fds").string)\nexit 0")
-        let r = try await CLI.offPool { try CLI.capture(["get", server.url("/b.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
-                                 "--hook-timeout", "120"], state: state.path) }
+        let r = try await CLI.capture(["get", server.url("/b.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+                                 "--hook-timeout", "120"], state: state.path)
         let child = try #require(Self.pid(scripts, "child.pid"))
         defer { kill(child, SIGKILL) }
         #expect(r.status == 0)
@@ -73,17 +73,16 @@ import TestServer
         server.set("/s.bin", Resource(body: Resource.bytes(count: 1000)))
         let dir = TempDir(), state = TempDir(), scripts = TempDir()
         let hook = Self.hook(in: scripts, "sleep 300")
-        let p = try CLI.start(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+        let p = try await CLI.start(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
                                "--hook-timeout", "600"], state: state.path)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        #expect(await CLI.eventually { Self.pid(scripts, "hook.pid") != nil })
+        defer { p.kill() }
+        #expect(await eventually { Self.pid(scripts, "hook.pid") != nil })
         let own = try #require(Self.pid(scripts, "hook.pid"))
         defer { kill(own, SIGKILL) }
-        kill(p.processIdentifier, SIGTERM)
-        #expect(await CLI.eventually(seconds: 30) { !p.isRunning }, "SIGTERM was not honoured while a hook ran")
-        p.waitUntilExit()
-        #expect(p.terminationReason == .exit && p.terminationStatus == 143)
-        #expect(await CLI.eventually(seconds: 10) { !Self.alive(own) }, "the hook outlived pickup")
+        p.signal(SIGTERM)
+        #expect(await eventually(seconds: 30) { !p.isRunning }, "SIGTERM was not honoured while a hook ran")
+        #expect(await p.wait() == .exited(143))
+        #expect(await eventually(seconds: 10) { !Self.alive(own) }, "the hook outlived pickup")
         await server.stop()
     }
 }
@@ -102,10 +101,10 @@ extension HookProcessTests {
                                                  ["--on-complete", hook.string, "--hook-timeout", "600"])
         defer { serve.stopIfRunning() }
         _ = try await serve.client.add(APIAddRequest(url: server.url("/d.bin")))
-        #expect(await CLI.eventually { Self.pid(scripts, "hook.pid") != nil && Self.pid(scripts, "child.pid") != nil })
+        #expect(await eventually { Self.pid(scripts, "hook.pid") != nil && Self.pid(scripts, "child.pid") != nil })
         let own = try #require(Self.pid(scripts, "hook.pid")), child = try #require(Self.pid(scripts, "child.pid"))
         defer { kill(own, SIGKILL); kill(child, SIGKILL) }
-        #expect(serve.signal(SIGTERM) == .exit)
+        #expect(await serve.signal(SIGTERM).exited)
         // Checked at once: serve waited for the teardown before it exited.
         #expect(!Self.alive(own), "the hook outlived pickup serve")
         #expect(!Self.alive(child), "the hook's child outlived pickup serve")
@@ -134,13 +133,13 @@ extension HookProcessTests {
         server.set("/p.bin", Resource(body: Resource.bytes(count: 1 << 20), faults: [.stallAfter(1000)]))
         let dir = TempDir(), state = TempDir()
         let url = server.url("/p.bin").replacingOccurrences(of: "http://", with: "http://urluser:UrlSecret2@")
-        let p = try CLI.start(["get", url, "-o", dir.file("p.bin").string] + Self.spellings[spelling]
+        let p = try await CLI.start(["get", url, "-o", dir.file("p.bin").string] + Self.spellings[spelling]
                               + ["--noproxy", "127.0.0.1", "-x", "1", "--stall-timeout", "600"], state: state.path)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        defer { p.kill() }
         // Once the request is made, the arguments were parsed long before.
-        #expect(await CLI.eventually { !server.requests("/p.bin").isEmpty || !p.isRunning })
+        #expect(await eventually { !server.requests("/p.bin").isEmpty || !p.isRunning })
         #expect(p.isRunning, "pickup ended before its arguments could be read")
-        let raw = FileManager.default.contents(atPath: "/proc/\(p.processIdentifier)/cmdline") ?? Data()
+        let raw = FileManager.default.contents(atPath: "/proc/\(p.pid)/cmdline") ?? Data()
         #expect(!raw.isEmpty, "no arguments to read")
         let cmdline = String(decoding: raw.map { $0 == 0 ? 32 : $0 }, as: UTF8.self)
         for secret in ["TopSecret1", "UrlSecret2", "HeaderSecret3", "CookieSecret4", "ProxySecret5", "alice", "urluser"] {

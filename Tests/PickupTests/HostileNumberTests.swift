@@ -196,7 +196,7 @@ import TestServer
             cases.append(["get", url, "-d", dir.path.string, option, value])
         }
         for args in cases {
-            let r = try await CLI.offPool { try CLI.capture(args, state: state.path) }
+            let r = try await CLI.capture(args, state: state.path)
             #expect(r.status == 2, "\(args): exit \(r.status): \(r.err)")
             #expect(r.err.split(separator: "\n").contains { $0.contains(args[args.count - 2]) }, "\(args): \(r.err)")
         }
@@ -221,9 +221,7 @@ import TestServer
         func get(_ text: [UInt8], into: TempDir, _ extra: [String] = []) async throws -> (status: Int32, out: String, err: String) {
             let name = "\(UUID().uuidString).meta4"
             docs.write(name, text)
-            return try await CLI.offPool {
-                try CLI.capture(["get", "--metalink", docs.file(name).string, "-d", into.path.string] + extra, state: state.path)
-            }
+            return try await CLI.capture(["get", "--metalink", docs.file(name).string, "-d", into.path.string] + extra, state: state.path)
         }
         let both = try await get(document(["/evil.bin", "/good.bin"]), into: dir, ["-x", "2"])
         #expect(both.status == 0, "\(both.err)")

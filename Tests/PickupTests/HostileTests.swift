@@ -291,8 +291,8 @@ func isSymlink(_ path: FilePath) -> Bool {
 
     @Test func aLimitBelowOneKiBIsAUsageError() async throws {
         let state = TempDir()
-        #expect(try CLI.run(["get", "http://127.0.0.1:1/x", "--limit-rate", "500"], state: state.path) == 2)
-        #expect(try CLI.run(["get", "http://127.0.0.1:99999/x"], state: state.path) == 2)
+        #expect(try await CLI.run(["get", "http://127.0.0.1:1/x", "--limit-rate", "500"], state: state.path) == 2)
+        #expect(try await CLI.run(["get", "http://127.0.0.1:99999/x"], state: state.path) == 2)
         let m = try DownloadManager(configuration: .init(stateDirectory: state.path.appending("m")))
         await #expect(throws: PickupError.self) {
             _ = try await m.add("http://127.0.0.1:1/x", to: .directory(state.path), speedLimit: 100)

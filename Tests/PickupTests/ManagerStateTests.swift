@@ -123,7 +123,7 @@ extension DownloadManager {
 
             // Once the transfers being stopped have ended, the free slots fill.
             let active = model.values.filter { !$0.paused }.count
-            if !(await CLI.eventually(seconds: 30, every: 0.02) { await m.picture().lists[.running]?.count == min(limit, active) }) {
+            if !(await eventually(seconds: 30, every: 0.02) { await m.picture().lists[.running]?.count == min(limit, active) }) {
                 Issue.record("\(await m.picture().lists[.running]?.count ?? 0) running, not \(min(limit, active)) (seed \(seed))")
             }
             let found = await problems()

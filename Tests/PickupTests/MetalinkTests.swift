@@ -251,9 +251,7 @@ import TestServer
               <file name="../second.bin"><hash type="sha-256">\(Self.sha256(b))</hash>
                 <url>\(server.url("/m/b.bin"))?x=1&amp;y=2</url></file>
             """))
-        let ok = try await CLI.offPool {
-            try CLI.capture(["get", "--metalink", docs.file("ok.meta4").string, "-d", dir.path.string, "-q"], state: state.path)
-        }
+        let ok = try await CLI.capture(["get", "--metalink", docs.file("ok.meta4").string, "-d", dir.path.string, "-q"], state: state.path)
         #expect(ok.status == 0, "\(ok.err)")
         let firstSame = dir.read("first.bin") == a
         #expect(firstSame, "first.bin differs")
@@ -266,20 +264,16 @@ import TestServer
               <file name="third.bin"><hash type="sha-256">\(String(repeating: "00", count: 32))</hash>
                 <url>\(server.url("/m/a.bin"))</url></file>
             """))
-        let bad = try await CLI.offPool {
-            try CLI.capture(["get", "--metalink", docs.file("bad.meta4").string, "-d", dir.path.string, "-q"], state: state.path)
-        }
+        let bad = try await CLI.capture(["get", "--metalink", docs.file("bad.meta4").string, "-d", dir.path.string, "-q"], state: state.path)
         #expect(bad.status == 5, "\(bad.err)")
         #expect(!dir.entries.contains("third.bin"))
 
         // A document that is not one: a usage error in one line.
         docs.write("no.meta4", Array("<metalink><file".utf8))
-        let malformed = try await CLI.offPool {
-            try CLI.capture(["get", "--metalink", docs.file("no.meta4").string, "-d", dir.path.string], state: state.path)
-        }
+        let malformed = try await CLI.capture(["get", "--metalink", docs.file("no.meta4").string, "-d", dir.path.string], state: state.path)
         #expect(malformed.status == 2 && malformed.err.contains("Metalink"), "\(malformed.err)")
         #expect(malformed.err.split(separator: "\n").count == 1, "\(malformed.err)")
-        #expect(try CLI.run(["get", "--metalink", docs.file("ok.meta4").string, "-o", "x"], state: state.path) == 2)
+        #expect(try await CLI.run(["get", "--metalink", docs.file("ok.meta4").string, "-o", "x"], state: state.path) == 2)
         await server.stop()
     }
 
@@ -296,7 +290,7 @@ import TestServer
         server.set("/get/image", MetalinkAnswerTests.documentResource(document))
         let url = server.url("/get/image")
         // Into -d: named as the document says, from its mirrors; the document itself is not kept.
-        let named = try await CLI.offPool { try CLI.capture(["get", url, "-d", dir.path.string, "-x", "2"], state: state.path) }
+        let named = try await CLI.capture(["get", url, "-d", dir.path.string, "-x", "2"], state: state.path)
         #expect(named.status == 0, "\(named.err)")
         #expect(named.err.contains("is a Metalink document describing 1 file"), "\(named.err)")
         let same = dir.read("image.bin") == a
@@ -304,14 +298,12 @@ import TestServer
         #expect(dir.entries == ["image.bin"], "\(dir.entries)")
         #expect(!server.requests("/m/a2.bin").isEmpty, "the second mirror was not asked")
         // -o names the one file.
-        let output = try await CLI.offPool { try CLI.capture(["get", url, "-o", dir.file("mine.bin").string, "-q"], state: state.path) }
+        let output = try await CLI.capture(["get", url, "-o", dir.file("mine.bin").string, "-q"], state: state.path)
         #expect(output.status == 0, "\(output.err)")
         let mine = dir.read("mine.bin") == a
         #expect(mine, "mine.bin differs")
         // Not followed: the document is saved as it is.
-        let kept = try await CLI.offPool {
-            try CLI.capture(["get", url, "-o", dir.file("doc.meta4").string, "-q", "--no-follow-metalink"], state: state.path)
-        }
+        let kept = try await CLI.capture(["get", url, "-o", dir.file("doc.meta4").string, "-q", "--no-follow-metalink"], state: state.path)
         #expect(kept.status == 0, "\(kept.err)")
         let doc = dir.read("doc.meta4") == document
         #expect(doc, "the saved document differs")
@@ -319,7 +311,7 @@ import TestServer
         server.set("/get/two", MetalinkAnswerTests.documentResource(MetalinkTests.document(files: """
               <file name="x.bin"><url>\(server.url("/m/a.bin"))</url></file><file name="y.bin"><url>\(server.url("/m/a.bin"))</url></file>
             """)))
-        let two = try await CLI.offPool { try CLI.capture(["get", server.url("/get/two"), "-o", dir.file("z.bin").string], state: state.path) }
+        let two = try await CLI.capture(["get", server.url("/get/two"), "-o", dir.file("z.bin").string], state: state.path)
         #expect(two.status == 2 && two.err.contains("use -d"), "\(two.err)")
         #expect(!dir.entries.contains { $0.hasPrefix("z.bin") || $0.hasPrefix("x.bin") }, "\(dir.entries)")
         await server.stop()
@@ -335,10 +327,8 @@ import TestServer
               <file name="f.bin"><url priority="1">\(other.url("/f.bin"))</url></file>
               <file name="g.bin"><url priority="1">\(server.url("/f.bin"))</url></file>
             """)))
-        let r = try await CLI.offPool {
-            try CLI.capture(["get", server.url("/doc"), "-d", dir.path.string, "-q", "-H", "Authorization: Bearer s3cret",
+        let r = try await CLI.capture(["get", server.url("/doc"), "-d", dir.path.string, "-q", "-H", "Authorization: Bearer s3cret",
                              "-b", "session=k3y"], state: state.path)
-        }
         #expect(r.status == 0, "\(r.err)")
         let both = dir.read("f.bin") == a && dir.read("g.bin") == a
         #expect(both, "\(dir.entries)")
@@ -361,7 +351,7 @@ import TestServer
             (ControlFile.load(dir.file("x.bin.pickup-ctl"))?.durableBytes ?? 0) > 512 << 10
         }
         #expect(killed)
-        let r = try await CLI.offPool { try CLI.capture(["get", server.url("/two"), "-o", out], state: state.path) }
+        let r = try await CLI.capture(["get", server.url("/two"), "-o", out], state: state.path)
         #expect(r.status == 0 && r.err.contains("a partial download of another URL"), "\(r.err)")
         let same = dir.read("x.bin") == second
         #expect(same, "x.bin is not the second URL's file")
@@ -388,7 +378,7 @@ import TestServer
         let before = server.bytesSent("/m/a.bin")
         // (Paced still: a range cut short by a split then costs a chunk, not a socket buffer.)
         server.update("/m/a.bin") { $0.bytesPerSecond = 4 << 20 }
-        let resumed = try await CLI.offPool { try CLI.capture(Array(args.dropLast()), state: state.path) }
+        let resumed = try await CLI.capture(Array(args.dropLast()), state: state.path)
         #expect(resumed.status == 0, "\(resumed.err)")
         let same = dir.read("image.bin") == a
         #expect(same, "image.bin differs")

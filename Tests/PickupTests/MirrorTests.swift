@@ -447,7 +447,7 @@ import PickupDaemon
         let paths = ["/a", "/b", "/c"]
         let asked = paths.map { server.requests($0).count }
         for p in paths { server.update(p) { $0.bytesPerSecond = 4 << 20 } }
-        let resumed = try await CLI.offPool { try CLI.capture(args, state: state.path) }
+        let resumed = try await CLI.capture(args, state: state.path)
         #expect(resumed.status == 0, "\(resumed.err)")
         let same = dir.read("out.bin") == body
         #expect(same, "the file differs")
@@ -471,9 +471,7 @@ import PickupDaemon
         server.set("/b/f.bin", MirrorTests.mirror(body, etag: "\"b\"", cap: 2))
         server.set("/bad/f.bin", MirrorTests.mirror(Resource.bytes(count: body.count, seed: 3), etag: "\"x\"", cap: 2))
         docs.write("list.txt", Array("\(server.url("/a/f.bin"))\t\(server.url("/b/f.bin")) out=listed.bin\n".utf8))
-        let listed = try await CLI.offPool {
-            try CLI.capture(["get", "-i", docs.file("list.txt").string, "-d", dir.path.string, "-x", "4", "-q"], state: state.path)
-        }
+        let listed = try await CLI.capture(["get", "-i", docs.file("list.txt").string, "-d", dir.path.string, "-x", "4", "-q"], state: state.path)
         #expect(listed.status == 0, "\(listed.err)")
         let listedSame = dir.read("listed.bin") == body
         #expect(listedSame, "the file differs")
@@ -485,9 +483,7 @@ import PickupDaemon
                 <url priority="1">\(server.url("/a/f.bin"))</url><url priority="2">\(server.url("/bad/f.bin"))</url>
                 <url priority="3">\(server.url("/b/f.bin"))</url></file>
             """))
-        let meta = try await CLI.offPool {
-            try CLI.capture(["get", "--metalink", docs.file("m.meta4").string, "-d", dir.path.string, "-x", "6"], state: state.path)
-        }
+        let meta = try await CLI.capture(["get", "--metalink", docs.file("m.meta4").string, "-d", dir.path.string, "-x", "6"], state: state.path)
         #expect(meta.status == 0, "\(meta.err)")
         let metaSame = dir.read("meta.bin") == body
         #expect(metaSame, "the file differs")

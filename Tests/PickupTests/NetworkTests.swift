@@ -10,8 +10,8 @@ import TestServer
 @testable import Pickup
 
 /// A self-signed certificate for 127.0.0.1 (and its key), made with openssl in `dir`.
-func makeLoopbackCertificate(in dir: TempDir) throws -> (certificate: String, key: String) {
-    try makeCertificate(in: dir, for: "127.0.0.1")
+func makeLoopbackCertificate(in dir: TempDir) async throws -> (certificate: String, key: String) {
+    try await makeCertificate(in: dir, for: "127.0.0.1")
 }
 
 /// nginx over TLS serving files from a temporary directory, with a certificate for 127.0.0.1 made
@@ -21,11 +21,11 @@ struct TLSNginx {
     let nginx: Nginx
     let certificate: String
 
-    init(serving files: [String: [UInt8]], http2: Bool = false) throws {
+    init(serving files: [String: [UInt8]], http2: Bool = false) async throws {
         for (name, bytes) in files { site.write(name, bytes) }
-        let (cert, key) = try makeLoopbackCertificate(in: keys)
+        let (cert, key) = try await makeLoopbackCertificate(in: keys)
         certificate = cert
-        nginx = try Nginx(root: site.path.string, tls: (cert, key), http2: http2)
+        nginx = try await Nginx(root: site.path.string, tls: (cert, key), http2: http2)
     }
 
     func stop() { nginx.stop() }
@@ -36,7 +36,7 @@ struct TLSNginx {
 @Suite(.serialized, .enabled(if: SquidProcess.binary != nil, "squid is not installed"))
 struct SquidTests {
     @Test func plainHTTPGoesInAbsoluteFormWithSeveralConnections() async throws {
-        let squid = try SquidProcess()
+        let squid = try await SquidProcess()
         defer { squid.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
@@ -44,9 +44,7 @@ struct SquidTests {
         // Paced, so that more connections open before the first has it all.
         server.set("/s.bin", Resource(body: body, bytesPerSecond: 4 << 20))
         let state = TempDir(), dir = TempDir()
-        let code = try await CLI.offPool {
-            try CLI.run(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "-x", "4", "--proxy", squid.url], state: state.path)
-        }
+        let code = try await CLI.run(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "-x", "4", "--proxy", squid.url], state: state.path)
         #expect(code == 0, "\(squid.log)")
         let same = dir.read("s.bin") == body
         #expect(same)
@@ -61,18 +59,16 @@ struct SquidTests {
     func httpsGoesThroughCONNECTAndIsVerified() async throws {
         let state = TempDir(), dir = TempDir()
         let body = Resource.bytes(count: 1 << 20, seed: 42)
-        let tls = try TLSNginx(serving: ["t.bin": body])
+        let tls = try await TLSNginx(serving: ["t.bin": body])
         defer { tls.stop() }
         let (nginx, cert) = (tls.nginx, tls.certificate)
         // Debian's rules allow CONNECT to 443 only: the test's TLS port is added to SSL_ports.
-        let squid = try SquidProcess(extraSSLPorts: [nginx.port])
+        let squid = try await SquidProcess(extraSSLPorts: [nginx.port])
         defer { squid.stop() }
         let url = nginx.baseURL + "/t.bin"
-        let codes = try await CLI.offPool {
-            [try CLI.run(["get", url, "-o", dir.file("a").string, "-q", "--proxy", squid.url, "--retries", "1"], state: state.path),
-             try CLI.run(["get", url, "-o", dir.file("b").string, "-q", "--proxy", squid.url, "--ca-certificate", cert, "-x", "3"],
+        let codes = [try await CLI.run(["get", url, "-o", dir.file("a").string, "-q", "--proxy", squid.url, "--retries", "1"], state: state.path),
+             try await CLI.run(["get", url, "-o", dir.file("b").string, "-q", "--proxy", squid.url, "--ca-certificate", cert, "-x", "3"],
                          state: state.path)]
-        }
         #expect(codes == [3, 0], "an unknown CA through the tunnel is refused; the right one is trusted: \(squid.log)")
         let same = dir.read("b") == body
         #expect(same)
@@ -80,16 +76,14 @@ struct SquidTests {
     }
 
     @Test func aProxysRefusalIsSaidInWordsAndNotRetried() async throws {
-        let squid = try SquidProcess()
+        let squid = try await SquidProcess()
         defer { squid.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
         server.set("/r.bin", Resource(body: [1, 2, 3]))
         let state = TempDir(), dir = TempDir()
         // --proxytunnel: CONNECT to a port that is not 443, which Debian's rules deny.
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", server.url("/r.bin"), "-d", dir.path.string, "--proxy", squid.url, "--proxytunnel"], state: state.path)
-        }
+        let result = try await CLI.capture(["get", server.url("/r.bin"), "-d", dir.path.string, "--proxy", squid.url, "--proxytunnel"], state: state.path)
         #expect(result.status == 4, "\(result.err)")
         #expect(result.err.contains("the proxy refused: 403 Forbidden"), "\(result.err)")
         #expect(!result.err.contains("retrying"), "\(result.err)")
@@ -101,7 +95,7 @@ struct SquidTests {
 @Suite(.serialized, .enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
 struct AbsoluteFormTests {
     @Test func tinyproxySeesAbsoluteFormRequestsAndAsksForCredentials() async throws {
-        let proxy = try ProxyProcess(.tinyproxy, extraConfig: "BasicAuth alice s3cret")
+        let proxy = try await ProxyProcess(.tinyproxy, extraConfig: "BasicAuth alice s3cret")
         defer { proxy.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
@@ -109,10 +103,8 @@ struct AbsoluteFormTests {
         server.set("/t.bin", Resource(body: body))
         let state = TempDir(), dir = TempDir()
         let withUser = proxy.url.replacingOccurrences(of: "http://", with: "http://alice:s3cret@")
-        let (without, with) = try await CLI.offPool {
-            (try CLI.capture(["get", server.url("/t.bin"), "-o", dir.file("a").string, "--proxy", proxy.url], state: state.path),
-             try CLI.capture(["get", server.url("/t.bin"), "-o", dir.file("b").string, "-q", "--proxy", withUser], state: state.path))
-        }
+        let (without, with) = (try await CLI.capture(["get", server.url("/t.bin"), "-o", dir.file("a").string, "--proxy", proxy.url], state: state.path),
+             try await CLI.capture(["get", server.url("/t.bin"), "-o", dir.file("b").string, "-q", "--proxy", withUser], state: state.path))
         #expect(without.status == 4 && without.err.contains("the proxy needs credentials (407"), "\(without.err)")
         #expect(with.status == 0, "\(with.err) \(proxy.log)")
         let same = dir.read("b") == body
@@ -128,17 +120,15 @@ extension AbsoluteFormTests {
     /// Through a proxy, reads wait for a batch of the body (`SO_RCVLOWAT`); a sender slower than
     /// a batch per stall timeout must still count as alive, not stalled.
     @Test func aSlowSenderThroughAProxyIsNotTakenForAStall() async throws {
-        let proxy = try ProxyProcess(.tinyproxy)
+        let proxy = try await ProxyProcess(.tinyproxy)
         defer { proxy.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
         let body = Resource.bytes(count: 96 << 10, seed: 47)
         server.set("/trickle.bin", Resource(body: body, bytesPerSecond: 32 << 10))
         let state = TempDir(), dir = TempDir()
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", server.url("/trickle.bin"), "-o", dir.file("t").string, "-x", "1", "--stall-timeout", "1",
+        let result = try await CLI.capture(["get", server.url("/trickle.bin"), "-o", dir.file("t").string, "-x", "1", "--stall-timeout", "1",
                              "--proxy", proxy.url], state: state.path)
-        }
         #expect(result.status == 0, "\(result.err)")
         #expect(!result.err.contains("stalled"), "\(result.err)")
         let same = dir.read("t") == body
@@ -213,9 +203,7 @@ extension AbsoluteFormTests {
         r.backendETags = ["\"a-1\"", "\"b-2\"", "\"c-3\""]
         server.set("/lb.bin", r)
         let state = TempDir(), dir = TempDir()
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", server.url("/lb.bin"), "-d", dir.path.string, "-x", "6", "--retries", "3"], state: state.path)
-        }
+        let result = try await CLI.capture(["get", server.url("/lb.bin"), "-d", dir.path.string, "-x", "6", "--retries", "3"], state: state.path)
         #expect(result.status == 0, "\(result.err)")
         let same = dir.read("lb.bin") == body
         #expect(same)
@@ -240,9 +228,7 @@ extension AbsoluteFormTests {
             ((try? FileManager.default.attributesOfItem(atPath: part.string)[.size] as? Int) ?? 0) > 1 << 20
         }
         #expect(killed)
-        let code = try await CLI.offPool {
-            try CLI.run(["get", server.url("/k.bin"), "-o", dir.file("k.bin").string, "-q", "-x", "4"], state: state.path)
-        }
+        let code = try await CLI.run(["get", server.url("/k.bin"), "-o", dir.file("k.bin").string, "-q", "-x", "4"], state: state.path)
         #expect(code == 0)
         let same = dir.read("k.bin") == body
         #expect(same)
@@ -257,17 +243,17 @@ extension AbsoluteFormTests {
         let body = Resource.bytes(count: 300_000, seed: 48)
         server.set("/same.bin", Resource(body: body, etag: "\"server-a\""))
         let state = TempDir(), dir = TempDir()
-        let first = try await CLI.offPool { try CLI.run(["get", server.url("/same.bin"), "-d", dir.path.string, "-q"], state: state.path) }
+        let first = try await CLI.run(["get", server.url("/same.bin"), "-d", dir.path.string, "-q"], state: state.path)
         #expect(first == 0)
         // Another server behind the same name: the same bytes, its own ETag.
         server.set("/same.bin", Resource(body: body, etag: "\"server-b\""))
-        let again = try await CLI.offPool { try CLI.capture(["get", server.url("/same.bin"), "-d", dir.path.string], state: state.path) }
+        let again = try await CLI.capture(["get", server.url("/same.bin"), "-d", dir.path.string], state: state.path)
         #expect(again.status == 0, "\(again.err)")
         #expect(again.err.contains("the bytes did not"), "\(again.err)")
         #expect(dir.entries == ["same.bin"], "\(dir.entries)")
         // Other bytes are a new version, saved beside it.
         server.set("/same.bin", Resource(body: Resource.bytes(count: 300_000, seed: 49), etag: "\"server-c\""))
-        let changed = try await CLI.offPool { try CLI.run(["get", server.url("/same.bin"), "-d", dir.path.string, "-q"], state: state.path) }
+        let changed = try await CLI.run(["get", server.url("/same.bin"), "-d", dir.path.string, "-q"], state: state.path)
         #expect(changed == 0)
         #expect(dir.entries.sorted() == ["same (1).bin", "same.bin"], "\(dir.entries)")
     }
@@ -282,9 +268,7 @@ extension AbsoluteFormTests {
         r.firstByteDelay = 2
         server.set("/slow.bin", r)
         let state = TempDir(), dir = TempDir()
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", server.url("/slow.bin"), "-d", dir.path.string, "-x", "1", "--stall-timeout", "0.3"], state: state.path)
-        }
+        let result = try await CLI.capture(["get", server.url("/slow.bin"), "-d", dir.path.string, "-x", "1", "--stall-timeout", "0.3"], state: state.path)
         #expect(result.status == 0, "\(result.err)")
         let same = dir.read("slow.bin") == body
         #expect(same)
@@ -293,10 +277,8 @@ extension AbsoluteFormTests {
 
         // A dead server still fails, in bounded time: every attempt stalls, each waits longer.
         server.set("/dead.bin", Resource(body: body, faults: Array(repeating: .stallAfter(0), count: 10)))
-        let dead = try await CLI.offPool {
-            try CLI.capture(["get", server.url("/dead.bin"), "-d", dir.path.string, "-x", "1", "--stall-timeout", "0.2", "--retries", "3"],
+        let dead = try await CLI.capture(["get", server.url("/dead.bin"), "-d", dir.path.string, "-x", "1", "--stall-timeout", "0.2", "--retries", "3"],
                             state: state.path)
-        }
         #expect(dead.status == 3, "\(dead.err)")
         #expect(dead.err.contains("stalled: no data for 0.8 s; waiting up to 1.6 s next time"), "\(dead.err)")
         #expect(dead.err.contains("gave up"), "\(dead.err)")
@@ -350,7 +332,7 @@ struct TLSCloseTests {
     /// Network.framework says little of a TLS failure (a direct request on Apple platforms): the
     /// kind is decided by NIOSSL's own verifying handshake, tried here against nginx.
     @Test func nioSSLsHandshakeSaysWhyACertificateFails() async throws {
-        let tls = try TLSNginx(serving: ["a": [1]])
+        let tls = try await TLSNginx(serving: ["a": [1]])
         defer { tls.stop() }
         let loop = MultiThreadedEventLoopGroup.singleton.next()
         let plain = TLSConfiguration.makeClientConfiguration()
@@ -362,8 +344,8 @@ struct TLSCloseTests {
         #expect(trusted == nil)
         // A certificate for another name, trusted: its name is what fails.
         let site = TempDir(), keys = TempDir()
-        let (cert, key) = try makeCertificate(in: keys, for: "other.example")
-        let named = try Nginx(root: site.path.string, tls: (cert, key))
+        let (cert, key) = try await makeCertificate(in: keys, for: "other.example")
+        let named = try await Nginx(root: site.path.string, tls: (cert, key))
         defer { named.stop() }
         var trustingOther = plain
         trustingOther.additionalTrustRoots = [.certificates(HTTPClientTransport.trustRoots([cert]))]
@@ -376,13 +358,11 @@ struct TLSCloseTests {
         #expect(HTTPClientTransport.tlsShutdownTimeout <= .milliseconds(50))
         let state = TempDir(), dir = TempDir()
         let body = Resource.bytes(count: 24 << 20, seed: 44)
-        let tls = try TLSNginx(serving: ["c.bin": body])
+        let tls = try await TLSNginx(serving: ["c.bin": body])
         defer { tls.stop() }
         let (nginx, cert) = (tls.nginx, tls.certificate)
-        let result = try await CLI.offPool {
-            try CLI.capture(["get", nginx.baseURL + "/c.bin", "-o", dir.file("c.bin").string, "-x", "8", "--ca-certificate", cert],
+        let result = try await CLI.capture(["get", nginx.baseURL + "/c.bin", "-o", dir.file("c.bin").string, "-x", "8", "--ca-certificate", cert],
                             state: state.path)
-        }
         #expect(result.status == 0, "\(result.err)")
         let same = dir.read("c.bin") == body
         #expect(same)
@@ -393,10 +373,10 @@ struct TLSCloseTests {
 /// certificate once, rather than by NIOSSL for every TLS context (one per new connection).
 @Suite struct TrustRootLoadingTests {
     @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"), "openssl missing"))
-    func eachCertificateIsParsedOnceAndUnreadableFilesAreSkipped() throws {
+    func eachCertificateIsParsedOnceAndUnreadableFilesAreSkipped() async throws {
         let keys = TempDir(), other = TempDir()
-        let (cert, _) = try makeLoopbackCertificate(in: keys)
-        let (second, _) = try makeLoopbackCertificate(in: other)
+        let (cert, _) = try await makeLoopbackCertificate(in: keys)
+        let (second, _) = try await makeLoopbackCertificate(in: other)
         keys.write("junk.pem", Array("not a certificate".utf8))
         let roots = HTTPClientTransport.trustRoots([cert, cert, second, keys.file("junk.pem").string, "/nonexistent.pem"])
         #expect(roots.count == 2, "one each of two certificates, from five paths")
@@ -407,9 +387,9 @@ struct TLSCloseTests {
     /// containers set them) add nothing: NIOSSL trusts those already, and parsing them again cost
     /// every start. Any other file or directory is read.
     @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl"), "openssl missing"))
-    func theEnvironmentsCopiesOfThePlatformTrustAreNotReadAgain() throws {
+    func theEnvironmentsCopiesOfThePlatformTrustAreNotReadAgain() async throws {
         let keys = TempDir(), linked = TempDir()
-        let (cert, _) = try makeLoopbackCertificate(in: keys)
+        let (cert, _) = try await makeLoopbackCertificate(in: keys)
         let own = HTTPClientTransport.environmentTrustRoots(["SSL_CERT_FILE": cert, "SSL_CERT_DIR": keys.path.string])
         #expect(own.first == cert && own.contains(keys.file("cert.pem").string), "\(own)")
         #expect(HTTPClientTransport.environmentTrustRoots([:]).isEmpty)

@@ -12,7 +12,7 @@ struct NginxTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let v1 = Resource.bytes(count: 5 * 1024 * 1024 + 3, seed: 7)
         site.write("data.bin", v1)
-        let nginx = try Nginx(root: site.path.string)
+        let nginx = try await Nginx(root: site.path.string)
         defer { nginx.stop() }
         let downloader = testDownloader(state: state.path)
         let request = DownloadRequest(url: nginx.baseURL + "/data.bin", destination: .directory(dir.path))
@@ -35,12 +35,12 @@ struct NginxTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 8 * 1024 * 1024, seed: 11)
         site.write("big.bin", body)
-        let nginx = try Nginx(root: site.path.string, limitRate: "1m")
+        let nginx = try await Nginx(root: site.path.string, limitRate: "1m")
         defer { nginx.stop() }
         let out = dir.file("big.bin")
         let slow = ["get", nginx.baseURL + "/slow/big.bin", "-o", out.string, "-q", "-x", "2"]
-        _ = try CLI.killMidway(slow, state: state.path, control: FilePath(out.string + ".pickup-ctl"), after: 1024 * 1024)
-        #expect(try CLI.run(["get", nginx.baseURL + "/big.bin", "-o", out.string, "-q"], state: state.path) == 0)
+        _ = try await CLI.killMidway(slow, state: state.path, control: FilePath(out.string + ".pickup-ctl"), after: 1024 * 1024)
+        #expect(try await CLI.run(["get", nginx.baseURL + "/big.bin", "-o", out.string, "-q"], state: state.path) == 0)
         #expect(dir.read("big.bin") == body)
         // The rerun resumed with a 206 (same file, same ETag on both locations).
         #expect(nginx.loggedStatuses.last == 206)
@@ -56,15 +56,13 @@ struct NginxTests {
         for i in 0..<24 { files["s\(i).bin"] = Resource.bytes(count: 40_000 + i, seed: UInt64(100 + i)) }
         files["big.bin"] = Resource.bytes(count: 12 * 1024 * 1024 + 1, seed: 99)
         for http2 in [true, false] {
-            let tls = try TLSNginx(serving: files, http2: http2)
+            let tls = try await TLSNginx(serving: files, http2: http2)
             defer { tls.stop() }
             let state = TempDir(), dir = TempDir(), lists = TempDir()
             let small = files.keys.filter { $0.hasPrefix("s") }.sorted()
             lists.write("list", Array((small + ["big.bin"]).map { tls.nginx.baseURL + "/" + $0 + "\n" }.joined().utf8))
-            let code = try await CLI.offPool {
-                try CLI.run(["get", "-i", lists.file("list").string, "-d", dir.path.string, "-j", "4", "-x", "4", "-q",
+            let code = try await CLI.run(["get", "-i", lists.file("list").string, "-d", dir.path.string, "-j", "4", "-x", "4", "-q",
                              "--ca-certificate", tls.certificate], state: state.path)
-            }
             #expect(code == 0)
             for (name, bytes) in files { #expect(dir.read(name) == bytes, "\(name)") }
             let logged = tls.nginx.loggedConnections

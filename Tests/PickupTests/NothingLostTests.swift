@@ -74,7 +74,7 @@ import TestServer
             #expect(try await f.api(.DELETE, "/downloads/\(drop.id)?deletePartial=true").status == 204)
             #expect(try await f.api(.GET, "/downloads/\(keep.id)").status == 404)
             // A paused transfer may still be ending: its partial file goes once it has.
-            let dropped = await CLI.eventually { Self.helpers(of: "drop.bin", in: f.root).isEmpty }
+            let dropped = await eventually { Self.helpers(of: "drop.bin", in: f.root).isEmpty }
             #expect(dropped, "\(f.root.entries)")
             #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
             #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-ctl"), "\(f.root.entries)")
@@ -105,12 +105,12 @@ import TestServer
             _ = try await f.client.pause(drop.id)
             try await f.waitUntil { $0[keep.id]?.state == "paused" && $0[drop.id]?.state == "paused" }
             let s = ["--state", f.state.path.string]
-            let kept = try await CLI.offPool { try CLI.capture(["rm", String(keep.id)] + s, state: f.state.path) }
+            let kept = try await CLI.capture(["rm", String(keep.id)] + s, state: f.state.path)
             #expect(kept.status == 0, "\(kept.err)")
-            let dropped = try await CLI.offPool { try CLI.capture(["rm", String(drop.id), "--delete-partial"] + s, state: f.state.path) }
+            let dropped = try await CLI.capture(["rm", String(drop.id), "--delete-partial"] + s, state: f.state.path)
             #expect(dropped.status == 0, "\(dropped.err)")
             #expect(try await f.client.list().isEmpty)
-            let gone = await CLI.eventually { Self.helpers(of: "drop.bin", in: f.root).isEmpty }
+            let gone = await eventually { Self.helpers(of: "drop.bin", in: f.root).isEmpty }
             #expect(gone, "\(f.root.entries)")
             #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-part"), "\(f.root.entries)")
             #expect(Self.helpers(of: "keep.bin", in: f.root).contains("keep.bin.pickup-ctl"), "\(f.root.entries)")
@@ -187,7 +187,7 @@ import TestServer
         let mine = Array("my own notes\n".utf8)
         dir.write("a.bin", mine)
         let args = ["get", server.url("/a.bin"), "-o", dir.file("a.bin").string]
-        let refused = try await CLI.offPool { try CLI.capture(args, state: state.path) }
+        let refused = try await CLI.capture(args, state: state.path)
         #expect(refused.status == 6, "\(refused.err)")
         let lines = refused.err.split(separator: "\n")
         #expect(lines.count == 1 && lines[0].contains("already exists") && lines[0].contains("--overwrite"), "\(refused.err)")
@@ -195,12 +195,12 @@ import TestServer
         #expect(dir.entries == ["a.bin"])
         #expect(server.requests("/a.bin").isEmpty, "nothing is fetched")
 
-        let over = try await CLI.offPool { try CLI.capture(args + ["--overwrite", "-q"], state: state.path) }
+        let over = try await CLI.capture(args + ["--overwrite", "-q"], state: state.path)
         #expect(over.status == 0, "\(over.err)")
         #expect(dir.read("a.bin") == body)
         #expect(dir.entries == ["a.bin"])
 
-        let again = try await CLI.offPool { try CLI.capture(args, state: state.path) }
+        let again = try await CLI.capture(args, state: state.path)
         #expect(again.status == 0, "\(again.err)")
         #expect(server.requests("/a.bin").last?.status == 304)
         #expect(dir.read("a.bin") == body)
@@ -221,12 +221,12 @@ import TestServer
         server.set("/other.bin", Resource(body: Resource.bytes(count: 300_000, seed: 40)))
         let state = TempDir(), dir = TempDir()
         let out = dir.file("image.bin").string
-        let first = try await CLI.offPool { try CLI.capture(["get", server.url("/get/image"), "-o", out, "-q"], state: state.path) }
+        let first = try await CLI.capture(["get", server.url("/get/image"), "-o", out, "-q"], state: state.path)
         #expect(first.status == 0, "\(first.err)")
-        let again = try await CLI.offPool { try CLI.capture(["get", server.url("/get/image"), "-o", out], state: state.path) }
+        let again = try await CLI.capture(["get", server.url("/get/image"), "-o", out], state: state.path)
         #expect(again.status == 0, "\(again.err)")
         #expect(server.requests("/m/a.bin").count == 1, "the rerun fetches nothing: \(again.err)")
-        let other = try await CLI.offPool { try CLI.capture(["get", server.url("/other.bin"), "-o", out], state: state.path) }
+        let other = try await CLI.capture(["get", server.url("/other.bin"), "-o", out], state: state.path)
         #expect(other.status == 6, "\(other.err)")
         #expect(other.err.contains("already exists"), "\(other.err)")
         let same = dir.read("image.bin") == a

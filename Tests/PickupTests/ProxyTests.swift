@@ -44,7 +44,7 @@ import TestServer
     /// (it waited for the stall timeout, then failed). Squid keeps the client's connection open.
     @Test(.enabled(if: SquidProcess.binary != nil, "squid is not installed"))
     func aConnectionGivenBackWithItsHeadReadsTheNextResponse() async throws {
-        let squid = try SquidProcess()
+        let squid = try await SquidProcess()
         defer { squid.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
@@ -63,7 +63,7 @@ import TestServer
 
     @Test(.enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
     func severalConnectionsThroughAnHTTPProxy() async throws {
-        let proxy = try ProxyProcess(.tinyproxy)
+        let proxy = try await ProxyProcess(.tinyproxy)
         defer { proxy.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
@@ -81,30 +81,30 @@ import TestServer
 
     @Test(.enabled(if: ProxyProcess.binary(.microsocks) != nil, "microsocks is not installed"))
     func throughASOCKS5Proxy() async throws {
-        let proxy = try ProxyProcess(.microsocks)
+        let proxy = try await ProxyProcess(.microsocks)
         defer { proxy.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
         let body = Resource.bytes(count: 200_000, seed: 22)
         server.set("/s.bin", Resource(body: body))
         let state = TempDir(), dir = TempDir()
-        #expect(try CLI.run(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "--proxy", proxy.url], state: state.path) == 0)
+        #expect(try await CLI.run(["get", server.url("/s.bin"), "-d", dir.path.string, "-q", "--proxy", proxy.url], state: state.path) == 0)
         #expect(dir.read("s.bin") == body)
         #expect(proxy.connections(to: server.port) >= 1, "\(proxy.log)")
     }
 
     @Test(.enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
     func theEnvironmentsProxyAndNoProxy() async throws {
-        let proxy = try ProxyProcess(.tinyproxy)
+        let proxy = try await ProxyProcess(.tinyproxy)
         defer { proxy.stop() }
         let server = try await TestServer.start()
         defer { Task { await server.stop() } }
         server.set("/e.bin", Resource(body: [1, 2, 3]))
         let state = TempDir(), dir = TempDir()
-        #expect(try CLI.run(["get", server.url("/e.bin"), "-o", dir.file("a").string, "-q"], state: state.path,
+        #expect(try await CLI.run(["get", server.url("/e.bin"), "-o", dir.file("a").string, "-q"], state: state.path,
                             environment: ["http_proxy": proxy.url]) == 0)
         #expect(proxy.connections(to: server.port) == 1)
-        #expect(try CLI.run(["get", server.url("/e.bin"), "-o", dir.file("b").string, "-q"], state: state.path,
+        #expect(try await CLI.run(["get", server.url("/e.bin"), "-o", dir.file("b").string, "-q"], state: state.path,
                             environment: ["http_proxy": proxy.url, "no_proxy": "127.0.0.1"]) == 0)
         #expect(proxy.connections(to: server.port) == 1, "no_proxy went direct")
         #expect(dir.read("a") == [1, 2, 3] && dir.read("b") == [1, 2, 3])
@@ -117,14 +117,14 @@ struct TrustTests {
     @Test func caCertificateAndSSLCertFile() async throws {
         let site = TempDir(), dir = TempDir(), state = TempDir(), keys = TempDir()
         site.write("t.bin", Resource.bytes(count: 5000, seed: 3))
-        let (cert, key) = try makeLoopbackCertificate(in: keys)
-        let nginx = try Nginx(root: site.path.string, tls: (cert, key))
+        let (cert, key) = try await makeLoopbackCertificate(in: keys)
+        let nginx = try await Nginx(root: site.path.string, tls: (cert, key))
         defer { nginx.stop() }
         let url = nginx.baseURL + "/t.bin"
-        #expect(try CLI.run(["get", url, "-o", dir.file("a").string, "-q"], state: state.path) == 3, "an unknown CA is refused")
-        #expect(try CLI.run(["get", url, "-o", dir.file("b").string, "-q", "--ca-certificate", cert], state: state.path) == 0)
-        #expect(try CLI.run(["get", url, "-o", dir.file("c").string, "-q"], state: state.path, environment: ["SSL_CERT_FILE": cert]) == 0)
-        #expect(try CLI.run(["get", url, "-o", dir.file("d").string, "-q", "--ca-certificate", key], state: state.path) == 2)
+        #expect(try await CLI.run(["get", url, "-o", dir.file("a").string, "-q"], state: state.path) == 3, "an unknown CA is refused")
+        #expect(try await CLI.run(["get", url, "-o", dir.file("b").string, "-q", "--ca-certificate", cert], state: state.path) == 0)
+        #expect(try await CLI.run(["get", url, "-o", dir.file("c").string, "-q"], state: state.path, environment: ["SSL_CERT_FILE": cert]) == 0)
+        #expect(try await CLI.run(["get", url, "-o", dir.file("d").string, "-q", "--ca-certificate", key], state: state.path) == 2)
         #expect(dir.read("b") == Resource.bytes(count: 5000, seed: 3) && dir.read("c") == dir.read("b"))
     }
 }
@@ -133,7 +133,7 @@ struct TrustTests {
 @Suite(.enabled(if: ProxyProcess.binary(.tinyproxy) != nil, "tinyproxy is not installed"))
 struct DaemonProxyTests {
     @Test func theProxySettingAppliesSurvivesARestartAndHidesItsPassword() async throws {
-        let proxy = try ProxyProcess(.tinyproxy)
+        let proxy = try await ProxyProcess(.tinyproxy)
         defer { proxy.stop() }
         try await DaemonFixture().run { f in
             f.server.set("/a.bin", Resource(body: [1, 2, 3]))
@@ -167,7 +167,7 @@ struct DaemonProxyTests {
     }
 
     @Test func absoluteFormByDefaultAndTheTunnelSetting() async throws {
-        let proxy = try ProxyProcess(.tinyproxy)
+        let proxy = try await ProxyProcess(.tinyproxy)
         defer { proxy.stop() }
         try await DaemonFixture().run { f in
             f.server.set("/t1.bin", Resource(body: [1, 2, 3]))

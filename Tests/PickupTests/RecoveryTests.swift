@@ -90,20 +90,20 @@ import TestServer
         let dir = TempDir(), state = TempDir()
         let out = dir.file("n.bin")
         let args = ["get", server.url("/n.bin"), "-o", out.string, "-q", "-x", "1", "--stall-timeout", "600"]
-        let p = try CLI.start(args, state: state.path, environment: ["PICKUP_TEST_CHECKPOINT_INTERVAL": "600"])
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        let p = try await CLI.start(args, state: state.path, environment: ["PICKUP_TEST_CHECKPOINT_INTERVAL": "600"])
+        defer { p.kill() }
         // Killed once the 600,000 bytes are written (the cursor's store follows each write), before
         // any checkpoint.
         let partial = FilePath(out.string + SafeFileName.partialSuffix)
-        #expect(await CLI.eventually { (FS.size(partial) ?? 0) >= 600_000 || !p.isRunning })
+        #expect(await eventually { (FS.size(partial) ?? 0) >= 600_000 || !p.isRunning })
         #expect(p.isRunning)
-        kill(p.processIdentifier, SIGKILL)
-        _ = await CLI.eventually { !p.isRunning }
+        p.signal(SIGKILL)
+        _ = await eventually { !p.isRunning }
         #expect(ControlFile.load(FilePath(out.string + SafeFileName.controlSuffix))?.durableBytes ?? 0 == 0, "a checkpoint came first")
         #expect(heldAfterKill(out).written > 0, "the cursors vouch for bytes (else this tests nothing)")
         server.set("/n.bin", Resource(body: new, etag: nil))
         let first = server.requests("/n.bin").count
-        #expect(try await CLI.offPool { try CLI.run(args, state: state.path) } == 0)
+        #expect(try await CLI.run(args, state: state.path) == 0)
         let same = dir.read("n.bin") == new
         #expect(same, "old and new bytes were combined")
         #expect(server.requests("/n.bin").dropFirst(first).allSatisfy { $0.headers["range"]?.hasPrefix("bytes=0-") != false })
@@ -129,7 +129,7 @@ import TestServer
         // full speed on loopback the server pushes megabytes into a socket before it is closed).
         server.update("/m.bin") { $0.bytesPerSecond = 4 * 1024 * 1024 }
         let first = server.requests("/m.bin").count
-        let rerun = try await CLI.offPool { try CLI.capture(args.filter { $0 != "-q" }, state: state.path) }
+        let rerun = try await CLI.capture(args.filter { $0 != "-q" }, state: state.path)
         #expect(rerun.status == 0)
         #expect(!rerun.err.contains("starting over"), "the rerun started over: \(rerun.err)")
         let same = dir.read("m.bin") == body
@@ -153,12 +153,12 @@ import TestServer
         let out = dir.file("e.bin")
         let args = ["get", server.url("/e.bin"), "-o", out.string, "-q", "-x", "1"]
         // The first checkpoint's fsync succeeds, the second fails, later ones would succeed.
-        #expect(try await CLI.offPool { try CLI.run(args, state: state.path, environment: ["PICKUP_TEST_FAULTS": "sync=EIO@1"]) } == 6)
+        #expect(try await CLI.run(args, state: state.path, environment: ["PICKUP_TEST_FAULTS": "sync=EIO@1"]) == 6)
         let record = ControlFile.load(FilePath(out.string + SafeFileName.controlSuffix))
         let claimed = record?.durableBytes ?? 0
         #expect(claimed < Int64(body.count), "a run whose fsync failed claimed every byte")
         server.update("/e.bin") { $0.bytesPerSecond = nil }
-        #expect(try await CLI.offPool { try CLI.run(args, state: state.path) } == 0)
+        #expect(try await CLI.run(args, state: state.path) == 0)
         let same = dir.read("e.bin") == body
         #expect(same)
         await server.stop()
@@ -171,15 +171,15 @@ import TestServer
         server.set("/c.bin", Resource(body: v1, etag: "\"1\""))
         let dir = TempDir(), state = TempDir()
         let args = ["get", server.url("/c.bin"), "-o", dir.file("out.bin").string, "-q"]
-        #expect(try await CLI.offPool { try CLI.run(args, state: state.path) } == 0)
+        #expect(try await CLI.run(args, state: state.path) == 0)
         server.set("/c.bin", Resource(body: v2, etag: "\"2\""))
-        for _ in 0..<3 { #expect(try await CLI.offPool { try CLI.run(args, state: state.path) } == 0) }
+        for _ in 0..<3 { #expect(try await CLI.run(args, state: state.path) == 0) }
         #expect(dir.entries == ["out (1).bin", "out.bin"])
         let (first, second) = (dir.read("out.bin") == v1, dir.read("out (1).bin") == v2)
         #expect(first && second)
         // Without the index (another state directory), the numbered file's own record says so.
         let other = TempDir()
-        #expect(try await CLI.offPool { try CLI.run(args, state: other.path) } == 0)
+        #expect(try await CLI.run(args, state: other.path) == 0)
         #expect(dir.entries == ["out (1).bin", "out.bin"])
         await server.stop()
     }
@@ -201,15 +201,15 @@ struct MappedFileTests {
         let body = Resource.bytes(count: 3 * 1024 * 1024, seed: 6)
         server.set("/full.bin", Resource(body: body, bytesPerSecond: 4 * 1024 * 1024))
         let state = TempDir()
-        let p = try CLI.start(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
-        #expect(await CLI.eventually(seconds: 120) { !p.isRunning })
-        p.waitUntilExit()
-        #expect(p.terminationReason == .exit, "ended by signal \(p.terminationStatus)")
-        #expect(p.terminationStatus == 6)
+        let p = try await CLI.start(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path)
+        defer { p.kill() }
+        #expect(await eventually(seconds: 120) { !p.isRunning })
+        let status = await p.wait()
+        #expect(status.exited, "\(status)")
+        #expect(status == .exited(6))
         // With room again, the same command finishes.
         #expect(unlink(filler) == 0)
-        #expect(try await CLI.offPool { try CLI.run(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path) } == 0)
+        #expect(try await CLI.run(["get", server.url("/full.bin"), "-o", disk.path.appending("full.bin").string, "-q"], state: state.path) == 0)
         let same = FileManager.default.contents(atPath: disk.path.appending("full.bin").string).map(Array.init) == body
         #expect(same)
         await server.stop()
@@ -225,16 +225,16 @@ struct MappedFileTests {
         let dir = TempDir(), state = TempDir()
         let out = dir.file("cut.bin")
         let cursor = out.string + SafeFileName.cursorSuffix
-        let p = try CLI.start(["get", server.url("/cut.bin"), "-o", out.string, "-q", "-x", "1", "--stall-timeout", "2"],
+        let p = try await CLI.start(["get", server.url("/cut.bin"), "-o", out.string, "-q", "-x", "1", "--stall-timeout", "2"],
                               state: state.path)
-        defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+        defer { p.kill() }
         let partial = FilePath(out.string + SafeFileName.partialSuffix)
-        #expect(await CLI.eventually { FS.size(FilePath(cursor)) == Int64(CursorFile.byteCount) && (FS.size(partial) ?? 0) >= 600_000 })
+        #expect(await eventually { FS.size(FilePath(cursor)) == Int64(CursorFile.byteCount) && (FS.size(partial) ?? 0) >= 600_000 })
         #expect(truncate(cursor, 0) == 0)
-        #expect(await CLI.eventually(seconds: 120) { !p.isRunning })
-        p.waitUntilExit()
-        #expect(p.terminationReason == .exit, "ended by signal \(p.terminationStatus)")
-        #expect(p.terminationStatus == 0)
+        #expect(await eventually(seconds: 120) { !p.isRunning })
+        let status = await p.wait()
+        #expect(status.exited, "\(status)")
+        #expect(status == .exited(0))
         let same = dir.read("cut.bin") == body
         #expect(same)
         await server.stop()

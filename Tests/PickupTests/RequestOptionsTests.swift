@@ -151,31 +151,31 @@ struct AuthenticatedNginxTests {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         let body = Resource.bytes(count: 300_000, seed: 4)
         site.write("f.bin", body)
-        let nginx = try Nginx(root: site.path.string, locations: Self.locations.replacingOccurrences(of: "$ROOT", with: site.path.string),
+        let nginx = try await Nginx(root: site.path.string, locations: Self.locations.replacingOccurrences(of: "$ROOT", with: site.path.string),
                               files: ["htpasswd": "me:{PLAIN}s3cret\n"])
         defer { nginx.stop() }
         let base = nginx.baseURL
-        func get(_ path: String, _ extra: [String]) throws -> Int32 {
-            try CLI.run(["get", base + path, "-o", dir.file(path.replacingOccurrences(of: "/", with: "_")).string, "-q", "--retries", "0"] + extra,
+        func get(_ path: String, _ extra: [String]) async throws -> Int32 {
+            try await CLI.run(["get", base + path, "-o", dir.file(path.replacingOccurrences(of: "/", with: "_")).string, "-q", "--retries", "0"] + extra,
                         state: state.path)
         }
-        #expect(try get("/private/f.bin", []) == 4)
-        #expect(try get("/private/f.bin", ["-u", "me:s3cret"]) == 0)
-        #expect(try CLI.run(["get", base.replacingOccurrences(of: "http://", with: "http://me:s3cret@") + "/private/f.bin",
+        #expect(try await get("/private/f.bin", []) == 4)
+        #expect(try await get("/private/f.bin", ["-u", "me:s3cret"]) == 0)
+        #expect(try await CLI.run(["get", base.replacingOccurrences(of: "http://", with: "http://me:s3cret@") + "/private/f.bin",
                              "-o", dir.file("fromurl.bin").string, "-q"], state: state.path) == 0)
-        #expect(try get("/members/f.bin", []) == 4)
-        #expect(try get("/members/f.bin", ["-b", "session=ok"]) == 0)
+        #expect(try await get("/members/f.bin", []) == 4)
+        #expect(try await get("/members/f.bin", ["-b", "session=ok"]) == 0)
         let cookies = dir.file("cookies.txt")
         try "127.0.0.1\tFALSE\t/\tFALSE\t0\tsession\tok\n".write(toFile: cookies.string, atomically: true, encoding: .utf8)
-        #expect(try CLI.run(["get", base + "/members/f.bin", "-o", dir.file("fromjar.bin").string, "-q", "--load-cookies", cookies.string],
+        #expect(try await CLI.run(["get", base + "/members/f.bin", "-o", dir.file("fromjar.bin").string, "-q", "--load-cookies", cookies.string],
                             state: state.path) == 0)
         let netrc = dir.file("netrc")
         try "machine 127.0.0.1 login me password s3cret\n".write(toFile: netrc.string, atomically: true, encoding: .utf8)
-        #expect(try CLI.run(["get", base + "/private/f.bin", "-o", dir.file("fromnetrc.bin").string, "-q", "--netrc-file", netrc.string],
+        #expect(try await CLI.run(["get", base + "/private/f.bin", "-o", dir.file("fromnetrc.bin").string, "-q", "--netrc-file", netrc.string],
                             state: state.path) == 0)
         #expect(dir.read("fromnetrc.bin") == body)
-        #expect(try get("/api/f.bin", ["-H", "X-Token: t1"]) == 0)
-        #expect(try get("/agents/f.bin", ["-A", "Agent/7.0"]) == 0)
+        #expect(try await get("/api/f.bin", ["-H", "X-Token: t1"]) == 0)
+        #expect(try await get("/agents/f.bin", ["-A", "Agent/7.0"]) == 0)
         for name in ["_private_f.bin", "fromurl.bin", "_members_f.bin", "fromjar.bin", "_api_f.bin", "_agents_f.bin"] {
             #expect(dir.read(name) == body, "\(name)")
         }
@@ -185,7 +185,7 @@ struct AuthenticatedNginxTests {
     @Test func theManagerKeepsHeadersAcrossARestart() async throws {
         let site = TempDir(), dir = TempDir(), state = TempDir()
         site.write("f.bin", Resource.bytes(count: 1000, seed: 5))
-        let nginx = try Nginx(root: site.path.string, locations: Self.locations.replacingOccurrences(of: "$ROOT", with: site.path.string),
+        let nginx = try await Nginx(root: site.path.string, locations: Self.locations.replacingOccurrences(of: "$ROOT", with: site.path.string),
                               files: ["htpasswd": "me:{PLAIN}s3cret\n"])
         defer { nginx.stop() }
         var config = DownloadManager.Configuration(stateDirectory: state.path.appending("m"))

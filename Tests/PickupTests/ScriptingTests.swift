@@ -8,40 +8,21 @@ import TestServer
 
 extension CLI {
     /// Runs `pickup` with its state in `state`; returns the exit status, standard output and error.
-    static func capture(_ args: [String], state: FilePath, environment: [String: String] = [:]) throws -> (status: Int32, out: String, err: String) {
-        let r = try captureBytes(args, state: state, environment: environment)
+    static func capture(_ args: [String], state: FilePath, environment: [String: String] = [:]) async throws -> (status: Int32, out: String, err: String) {
+        let r = try await captureBytes(args, state: state, environment: environment)
         return (r.status, String(decoding: r.out, as: UTF8.self), r.err)
     }
 
     /// As ``capture(_:state:environment:)``, with standard output's bytes as they are and `input`
     /// on standard input (else none: /dev/null).
     static func captureBytes(_ args: [String], state: FilePath, environment: [String: String] = [:], input: [UInt8]? = nil)
-        throws -> (status: Int32, out: Data, err: String)
+        async throws -> (status: Int32, out: Data, err: String)
     {
-        let out = Pipe(), err = Pipe()
-        // Standard input from a file: no pipe to fill before the child reads it.
-        let inputDir = TempDir()
-        if let input { inputDir.write("stdin", input) }
-        let p = try start(args, state: state, environment: environment,
-                          input: input == nil ? nil : FileHandle(forReadingAtPath: inputDir.file("stdin").string), output: out, errors: err)
-        // Read both to the end before waiting (a full pipe would block the child).
-        let errData = NSLockedData()
-        let reader = Thread { errData.set(err.fileHandleForReading.readDataToEndOfFile()) }
-        reader.start()
-        let outData = out.fileHandleForReading.readDataToEndOfFile()
-        p.waitUntilExit()
-        while !errData.done { usleep(1000) }
-        return (p.terminationStatus, outData, String(decoding: errData.data, as: UTF8.self))
+        let p = try await start(args, state: state, environment: environment, input: input.map { .bytes($0) } ?? .null,
+                                output: .captured, errors: .captured)
+        let r = await p.finish()
+        return (r.status.code, Data(r.output), r.errorText)
     }
-}
-
-final class NSLockedData: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = Data()
-    private var finished = false
-    func set(_ d: Data) { lock.withLock { value = d; finished = true } }
-    var done: Bool { lock.withLock { finished } }
-    var data: Data { lock.withLock { value } }
 }
 
 /// A hook script that appends its outcome, size, first argument, URL and error to `log`, then
@@ -75,7 +56,7 @@ func jsonObjects(_ text: String) throws -> [[String: Any]] {
         let sha = MetalinkCLITests.sha256(body)
         let args = ["get", server.url("/j.bin"), "-o", out.string, "-q", "--json", "--on-complete", hook.string,
                     "--on-error", hook.string, "--checksum", "sha-256=\(sha)"]
-        let first = try CLI.capture(args, state: state.path)
+        let first = try await CLI.capture(args, state: state.path)
         #expect(first.status == 0, "a failing hook fails nothing: \(first.err)")
         #expect(first.err.contains("hook \(hook.string) exited with status 1"))
         let o = try #require(try jsonObjects(first.out).first)
@@ -88,11 +69,11 @@ func jsonObjects(_ text: String) throws -> [[String: Any]] {
         #expect(o["digest"] as? String == "sha-256=\(sha)")
         #expect(lines(log) == ["completed|\(body.count)|\(out.string)|\(server.url("/j.bin"))|"])
         // Again: unchanged, nothing transferred.
-        let again = try jsonObjects(try CLI.capture(args, state: state.path).out)
+        let again = try jsonObjects(try await CLI.capture(args, state: state.path).out)
         #expect(again.first?["outcome"] as? String == "unchanged")
         #expect((again.first?["bytesTransferred"] as? NSNumber)?.intValue == 0)
         // A failure: its own line, the error hook, the failure's exit code.
-        let failed = try CLI.capture(["get", server.url("/none.bin"), "-d", dir.path.string, "-q", "--json", "--on-error", hook.string],
+        let failed = try await CLI.capture(["get", server.url("/none.bin"), "-d", dir.path.string, "-q", "--json", "--on-error", hook.string],
                                      state: state.path)
         #expect(failed.status == 4)
         let f = try #require(try jsonObjects(failed.out).first)
@@ -111,12 +92,12 @@ func jsonObjects(_ text: String) throws -> [[String: Any]] {
         let dir = TempDir(), state = TempDir(), scripts = TempDir()
         let log = scripts.file("log")
         let hook = writeHook(in: scripts, log: log, sleep: 60)
-        let r = try CLI.capture(["get", server.url("/t.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
+        let r = try await CLI.capture(["get", server.url("/t.bin"), "-d", dir.path.string, "-q", "--on-complete", hook.string,
                                  "--hook-timeout", "1"], state: state.path)
         #expect(r.status == 0)
         #expect(r.err.contains("ran out of time"))
         #expect(lines(log).count == 1, "the hook ran: \(lines(log))")
-        #expect(try CLI.capture(["get", server.url("/t.bin"), "-d", dir.path.string, "--on-complete", "/nonexistent/hook"],
+        #expect(try await CLI.capture(["get", server.url("/t.bin"), "-d", dir.path.string, "--on-complete", "/nonexistent/hook"],
                                 state: state.path).status == 2)
         await server.stop()
     }
@@ -131,7 +112,7 @@ func jsonObjects(_ text: String) throws -> [[String: Any]] {
         let hook = writeHook(in: scripts, log: log)
         scripts.write("list.txt", Array(((0..<3).map { server.url("/b/\($0)") + " out=f\($0)" } + [server.url("/missing")])
             .joined(separator: "\n").utf8))
-        let r = try CLI.capture(["get", "-i", scripts.file("list.txt").string, "-d", dir.path.string, "-q", "--json",
+        let r = try await CLI.capture(["get", "-i", scripts.file("list.txt").string, "-d", dir.path.string, "-q", "--json",
                                  "--on-complete", hook.string, "--on-error", hook.string], state: state.path)
         #expect(r.status == 4)
         let objects = try jsonObjects(r.out)
@@ -156,34 +137,34 @@ func jsonObjects(_ text: String) throws -> [[String: Any]] {
         let daemon = try await ServeProcess.start(root: root, state: state)
         defer { daemon.stopIfRunning() }
         let s = ["--state", state.path.string]
-        #expect(try CLI.output(["add", server.url("/w/0"), "--limit-rate", "100K"] + s).status == 0)
+        #expect(try await CLI.output(["add", server.url("/w/0"), "--limit-rate", "100K"] + s).status == 0)
         #expect(try await daemon.client.download(1).speedLimit == 102_400)
-        #expect(try CLI.output(["add", server.url("/w/1"), "-o", "one"] + s).status == 0)
-        let set = try CLI.output(["set", "1", "--priority", "4", "--limit-rate", "none"] + s)
+        #expect(try await CLI.output(["add", server.url("/w/1"), "-o", "one"] + s).status == 0)
+        let set = try await CLI.output(["set", "1", "--priority", "4", "--limit-rate", "none"] + s)
         #expect(set.status == 0)
         let one = try await daemon.client.download(1)
         #expect(one.priority == 4 && one.speedLimit == nil)
-        #expect(try CLI.output(["set", "1"] + s).status == 2)
-        #expect(try CLI.output(["set", "1", "--limit-rate", "fast"] + s).status == 2)
+        #expect(try await CLI.output(["set", "1"] + s).status == 2)
+        #expect(try await CLI.output(["set", "1", "--limit-rate", "fast"] + s).status == 2)
         // ls --json --url: the API's objects for that URL only.
-        let listed = try CLI.output(["ls", "--json", "--url", server.url("/w/1")] + s)
+        let listed = try await CLI.output(["ls", "--json", "--url", server.url("/w/1")] + s)
         let array = try #require(try JSONSerialization.jsonObject(with: Data(listed.text.utf8)) as? [[String: Any]])
         #expect(array.map { ($0["id"] as? NSNumber)?.intValue } == [2])
         server.update("/w/0") { $0.bytesPerSecond = nil }
-        _ = try CLI.output(["pause", "1"] + s)
-        _ = try CLI.output(["resume", "1"] + s)
+        _ = try await CLI.output(["pause", "1"] + s)
+        _ = try await CLI.output(["resume", "1"] + s)
         // watch --until-done: returns once nothing waits or runs; 0 when nothing failed.
-        #expect(try CLI.output(["watch", "--until-done"] + s).status == 0)
+        #expect(try await CLI.output(["watch", "--until-done"] + s).status == 0)
         #expect(try await daemon.client.list(state: "completed").count == 2)
-        let cleared = try CLI.output(["rm", "--completed"] + s)
+        let cleared = try await CLI.output(["rm", "--completed"] + s)
         #expect(cleared.status == 0 && cleared.text.contains("removed 2 completed"))
         #expect(try await daemon.client.list().isEmpty)
         #expect(root.read("one") != nil, "the files stay without --delete-file")
         // A failure gives watch --until-done the failure's exit code.
-        #expect(try CLI.output(["add", server.url("/missing")] + s).status == 0)
-        #expect(try CLI.output(["watch", "--until-done"] + s).status == 4)
-        #expect(try CLI.output(["rm", "--failed"] + s).status == 0)
-        _ = daemon.signal(SIGTERM)
+        #expect(try await CLI.output(["add", server.url("/missing")] + s).status == 0)
+        #expect(try await CLI.output(["watch", "--until-done"] + s).status == 4)
+        #expect(try await CLI.output(["rm", "--failed"] + s).status == 0)
+        _ = await daemon.signal(SIGTERM)
         await server.stop()
     }
 }

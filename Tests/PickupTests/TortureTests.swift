@@ -85,16 +85,17 @@ struct TortureTests {
         let trials = env["PICKUP_TORTURE_TRIALS"].flatMap { Int($0) } ?? 200
         print("torture: seed \(seed), \(trials) trials (replay with PICKUP_TORTURE_SEED=\(seed))")
         let server = try await TestServer.start()
-        let squid = SquidProcess.binary == nil ? nil : try? SquidProcess(extraSSLPorts: [server.port])
+        let squid = SquidProcess.binary == nil ? nil : try? await SquidProcess(extraSSLPorts: [server.port])
         defer { squid?.stop() }
         let ftpRoot = TempDir(), keys = TempDir()
-        let ftp = FTPServerProcess.python == nil ? nil : try? FTPServerProcess(root: ftpRoot.path.string, bytesPerSecond: 1 << 20)
+        let ftp = FTPServerProcess.python == nil ? nil : try? await FTPServerProcess(root: ftpRoot.path.string, bytesPerSecond: 1 << 20)
         defer { ftp?.stop() }
-        let certificate = VsftpdProcess.binary == nil ? nil : try? makeLoopbackCertificate(in: keys)
-        let vsftpd = certificate.flatMap { try? VsftpdProcess(root: ftpRoot.path.string, certificate: $0) }
+        let certificate = VsftpdProcess.binary == nil ? nil : try? await makeLoopbackCertificate(in: keys)
+        var vsftpd: VsftpdProcess? = nil
+        if let certificate { vsftpd = try? await VsftpdProcess(root: ftpRoot.path.string, certificate: certificate) }
         defer { vsftpd?.stop() }
         // A SOCKS5 proxy that half of the FTP trials go through (control and data connections).
-        let socks = ProxyProcess.binary(.microsocks) == nil ? nil : try? ProxyProcess(.microsocks)
+        let socks = ProxyProcess.binary(.microsocks) == nil ? nil : try? await ProxyProcess(.microsocks)
         defer { socks?.stop() }
         let servers = TortureServers(http: server, squid: squid?.url, ftpRoot: ftpRoot, ftp: ftp,
                                      ftps: vsftpd.flatMap { v in certificate.map { (v, $0.certificate) } },
@@ -252,7 +253,7 @@ struct TortureTests {
         // with REST) or, one time in four, REST refused (every run starts from byte 0, over one
         // connection; cuts as well would never let a transfer end).
         let flaky = behaviour == .overFlakyFTP
-            ? try FTPServerProcess(root: servers.ftpRoot.path.string, bytesPerSecond: 1 << 20, faults: {
+            ? try await FTPServerProcess(root: servers.ftpRoot.path.string, bytesPerSecond: 1 << 20, faults: {
                 // Drawn in the order they were first drawn in (so that printed seeds replay); the
                 // refusal of REST, added later, from the side stream.
                 let dropAfter = 300_000 + pick(700_000)
@@ -325,46 +326,48 @@ struct TortureTests {
             let mirrorRequestsBefore = mirrorPaths.map { server.requests($0).count }
             let finishedBefore = finished
             let heldBefore = heldAfterKill(out).written
-            let p = try CLI.start(args, state: state.path, environment: environment)
-            defer { if p.isRunning { kill(p.processIdentifier, SIGKILL) }; p.waitUntilExit() }
+            let p = try await CLI.start(args, state: state.path, environment: environment)
+            defer { p.kill() }
             // Over FTP the bytes written so far stand for the bytes sent (the kill moments only).
             let part = FilePath(out.string + SafeFileName.partialSuffix)
-            let sentInRun = overFTP
-                ? { max(0, Int(FS.size(part) ?? 0) - Int(heldBefore)) }
-                : {
-                    server.requests(path).dropFirst(requestsBefore).reduce(0) { $0 + $1.bytesSent }
-                        + mirrorPaths.indices.reduce(0) { sum, i in
-                            sum + server.requests(mirrorPaths[i]).dropFirst(mirrorRequestsBefore[i]).reduce(0) { $0 + $1.bytesSent }
-                        }
+            let overHTTP: @Sendable () -> Int = {
+                let own: Int = server.requests(path).dropFirst(requestsBefore).reduce(0) { $0 + $1.bytesSent }
+                let mirrors: Int = mirrorPaths.indices.reduce(0) { (sum: Int, i: Int) -> Int in
+                    sum + server.requests(mirrorPaths[i]).dropFirst(mirrorRequestsBefore[i]).reduce(0) { $0 + $1.bytesSent }
                 }
+                return own + mirrors
+            }
+            let overFTPSent: @Sendable () -> Int = { max(0, Int(FS.size(part) ?? 0) - Int(heldBefore)) }
+            let sentInRun = overFTP ? overFTPSent : overHTTP
             var killed = false
             if !last {
                 let began = Date()
+                // Killed on the polling thread the moment it is seen (unless it has ended).
+                let kill: @Sendable (Bool) -> Void = { _ in if p.isRunning { p.signal(SIGKILL) } }
                 switch pick(10) {
                 case 0, 1, 2:  // in the first milliseconds
                     let ms = Double(pick(40)) / 1000
-                    _ = CLI.waitFor(seconds: 60) { Date().timeIntervalSince(began) >= ms || !p.isRunning }
+                    _ = await eventually(seconds: 60, { Date().timeIntervalSince(began) >= ms || !p.isRunning }, then: kill)
                 case 3:  // once every byte is sent: around the finishing rename
-                    _ = CLI.waitFor(seconds: 120) { sentInRun() >= size - Int(heldBefore) || !p.isRunning }
+                    let all = size - Int(heldBefore)
+                    _ = await eventually(seconds: 120, { sentInRun() >= all || !p.isRunning }, then: kill)
                 default:  // after some bytes
                     let moment = 1 + pick(max(1, size - Int(heldBefore)))
-                    _ = CLI.waitFor(seconds: 120) { sentInRun() >= moment || !p.isRunning }
+                    _ = await eventually(seconds: 120, { sentInRun() >= moment || !p.isRunning }, then: kill)
                 }
-                if p.isRunning {
-                    kill(p.processIdentifier, SIGKILL)
-                    killed = true
-                }
+                // (A process that ended by itself just before the kill was not killed: see below.)
+                killed = true
             }
             // Every wait has a bound: a run (a few seconds at most) that has not ended in two
             // minutes has hung.
-            let ended = CLI.waitFor(seconds: 120) { !p.isRunning }
+            let ended = await eventually(seconds: 120) { !p.isRunning }
             #expect(ended, "\(label): run \(run) hung")
-            if !ended { kill(p.processIdentifier, SIGKILL) }
-            p.waitUntilExit()
+            if !ended { p.signal(SIGKILL) }
+            let status = await p.wait()
             // A process that ended by itself just before the kill was not killed.
-            if killed, p.terminationReason == .exit { killed = false }
+            if killed, status.exited { killed = false }
             if killed {
-                #expect(p.terminationReason == .uncaughtSignal && p.terminationStatus == SIGKILL, "\(label): run \(run)")
+                #expect(status == .signalled(SIGKILL), "\(label): run \(run): \(status)")
                 stats.kills(connections: connections)
                 // What the server sent to the killed run beyond what the next run takes back
                 // (unless the run finished the file before the kill: then nothing is fetched again).
@@ -386,10 +389,10 @@ struct TortureTests {
                     #expect(waste <= bound, "\(label): run \(run) killed: \(waste) bytes to fetch again (bound \(bound))")
                 }
             } else {
-                #expect(p.terminationReason == .exit, "\(label): run \(run) ended by signal \(p.terminationStatus)")
+                #expect(status.exited, "\(label): run \(run) \(status)")
                 let allowed: Set<Int32> = run == faultRun ? [0, 6] : [0]
-                #expect(allowed.contains(p.terminationStatus), "\(label): run \(run) exited \(p.terminationStatus)")
-                if p.terminationStatus == 0 {
+                #expect(allowed.contains(status.code), "\(label): run \(run) \(status)")
+                if status == .exited(0) {
                     // The current version is there, under the name or beside the older version
                     // (without any validator, a finished file cannot be told from a new version:
                     // it is kept as the download).
@@ -404,7 +407,7 @@ struct TortureTests {
         }
         // Once more: nothing new is saved.
         let before = dir.entries
-        let status = try CLI.run(args, state: state.path, environment: hooks)
+        let status = try await CLI.run(args, state: state.path, environment: hooks)
         #expect(status == 0, "\(label): the rerun exited \(status)")
         #expect(dir.entries == before, "\(label): the rerun saved another copy: \(dir.entries)")
         checkFinishedFiles("after the rerun")

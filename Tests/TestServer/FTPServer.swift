@@ -7,20 +7,16 @@ public final class FTPServerProcess: @unchecked Sendable {
     /// The Python that has pyftpdlib (Debian's, not one earlier in PATH).
     public static var python: String? {
         let python = "/usr/bin/python3"
-        guard FileManager.default.isExecutableFile(atPath: python) else { return nil }
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: python)
-        p.arguments = ["-c", "import pyftpdlib"]
-        p.standardOutput = FileHandle.nullDevice
-        p.standardError = FileHandle.nullDevice
-        guard (try? p.runWithSignalsUnblocked()) != nil else { return nil }
-        p.waitUntilExit()
-        return p.terminationStatus == 0 ? python : nil
+        // Looked for, not imported: this is asked while tests are listed, where no child process
+        // can be awaited (Debian's python3-pyftpdlib installs it there).
+        let module = ["/usr/lib/python3/dist-packages/pyftpdlib/__init__.py", "/usr/local/lib/python3/dist-packages/pyftpdlib/__init__.py"]
+        guard FileManager.default.isExecutableFile(atPath: python), module.contains(where: { FileManager.default.fileExists(atPath: $0) }) else { return nil }
+        return python
     }
 
     public let port: Int
     let work: String
-    let process: Process
+    let process: Child
 
     /// `ftp://127.0.0.1:PORT`.
     public var baseURL: String { "ftp://127.0.0.1:\(port)" }
@@ -50,7 +46,7 @@ public final class FTPServerProcess: @unchecked Sendable {
         }
     }
 
-    public init(root: String, bytesPerSecond: Int = 0, faults: Faults = Faults()) throws {
+    public init(root: String, bytesPerSecond: Int = 0, faults: Faults = Faults()) async throws {
         guard let python = Self.python else { throw NSError(domain: "pyftpdlib not installed", code: 1) }
         work = NSTemporaryDirectory() + "pickup-ftp-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
@@ -102,7 +98,7 @@ public final class FTPServerProcess: @unchecked Sendable {
             server.serve_forever()
             """
         try script.write(toFile: work + "/server.py", atomically: true, encoding: .utf8)
-        process = try LocalServer.launch(python, [work + "/server.py", root, "\(port)", "\(bytesPerSecond)", work + "/ftp.log"] + faults.arguments,
+        process = try await LocalServer.launch(python, [work + "/server.py", root, "\(port)", "\(bytesPerSecond)", work + "/ftp.log"] + faults.arguments,
                                          work: work, port: port, seconds: 20, name: "pyftpdlib", logs: [work + "/ftp.log"])
     }
 
@@ -117,9 +113,10 @@ public final class FTPServerProcess: @unchecked Sendable {
         }.count
     }
 
+    /// Kills it (SIGKILL to its process group) and removes its folder; swift-subprocess reaps it.
     public func stop() { LocalServer.stop(process, work: work) }
-    /// Released (also by a test that threw before ``stop()``): stopped.
-    deinit { stop() }
+    /// Released (also by a test that threw before ``stop()``): killed.
+    deinit { LocalServer.stop(process, work: work) }
 }
 
 /// vsftpd from Debian's package on loopback: anonymous, read-only, over `root`, with explicit TLS
@@ -132,11 +129,11 @@ public final class VsftpdProcess: @unchecked Sendable {
 
     public let port: Int
     let work: String
-    let process: Process
+    let process: Child
 
     public func url(_ path: String, secure: Bool = false) -> String { (secure ? "ftps" : "ftp") + "://127.0.0.1:\(port)" + path }
 
-    public init(root: String, certificate: (String, String)? = nil, requireSSLReuse: Bool = false, bytesPerSecond: Int = 0) throws {
+    public init(root: String, certificate: (String, String)? = nil, requireSSLReuse: Bool = false, bytesPerSecond: Int = 0) async throws {
         guard let binary = Self.binary else { throw NSError(domain: "vsftpd not installed or not root", code: 1) }
         work = NSTemporaryDirectory() + "pickup-vsftpd-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: work + "/empty", withIntermediateDirectories: true)
@@ -159,7 +156,7 @@ public final class VsftpdProcess: @unchecked Sendable {
                      "ssl_ciphers=HIGH"]
         }
         try conf.joined(separator: "\n").appending("\n").write(toFile: work + "/vsftpd.conf", atomically: true, encoding: .utf8)
-        process = try LocalServer.launch(binary, [work + "/vsftpd.conf"], work: work, port: port, seconds: 20, name: "vsftpd",
+        process = try await LocalServer.launch(binary, [work + "/vsftpd.conf"], work: work, port: port, seconds: 20, name: "vsftpd",
                                          logs: [work + "/vsftpd.log"])
     }
 
@@ -168,7 +165,8 @@ public final class VsftpdProcess: @unchecked Sendable {
             + ((try? String(contentsOfFile: work + "/out.log", encoding: .utf8)) ?? "")
     }
 
+    /// Kills it (SIGKILL to its process group) and removes its folder; swift-subprocess reaps it.
     public func stop() { LocalServer.stop(process, work: work) }
-    /// Released (also by a test that threw before ``stop()``): stopped.
-    deinit { stop() }
+    /// Released (also by a test that threw before ``stop()``): killed.
+    deinit { LocalServer.stop(process, work: work) }
 }

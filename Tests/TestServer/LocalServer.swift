@@ -6,50 +6,23 @@ enum LocalServer {
     /// connections on `port`, within `seconds`; else kills it and throws with what `logs` (paths)
     /// and its output say.
     static func launch(_ binary: String, _ arguments: [String], work: String, port: Int, seconds: Double, name: String,
-                       logs: [String] = []) throws -> Process {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = arguments
-        _ = FileManager.default.createFile(atPath: work + "/out.log", contents: nil)
-        let out = FileHandle(forWritingAtPath: work + "/out.log")
-        process.standardOutput = out
-        process.standardError = out
-        try process.runWithSignalsUnblocked()
-        try? out?.close()  // the child has its own copy
-        let deadline = Date().addingTimeInterval(seconds)
-        while !Nginx.canConnect(port) {
-            guard Date() < deadline, process.isRunning else {
-                let said = (logs + [work + "/out.log"]).compactMap { try? String(contentsOfFile: $0, encoding: .utf8) }.joined()
-                stop(process, work: nil)
-                throw NSError(domain: "\(name) did not start: \(said)", code: 2)
-            }
-            usleep(20_000)
+                       logs: [String] = [], output: Bool = true) async throws -> Child {
+        let log = work + "/out.log"
+        _ = FileManager.default.createFile(atPath: log, contents: nil)
+        let child = try await Child.start(binary, arguments, output: output ? .file(log) : .null, errors: output ? .sameAsOutput : .null)
+        guard await eventually(seconds: seconds, every: 0.02, { Nginx.canConnect(port) || !child.isRunning }), child.isRunning else {
+            let said = (logs + [log]).compactMap { try? String(contentsOfFile: $0, encoding: .utf8) }.joined()
+            await child.stop()
+            throw NSError(domain: "\(name) did not start (\(child.status.map { "\($0)" } ?? "no answer")): \(said)", code: 2)
         }
-        return process
+        return child
     }
 
-    /// Kills it (SIGKILL: nothing of a test server's needs a clean exit), reaps it, and removes
-    /// its folder.
-    static func stop(_ process: Process, work: String?) {
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
+    /// Kills it and its process group (SIGKILL: nothing of a test server's needs a clean exit),
+    /// and removes its folder. Reaping is swift-subprocess's (it is not waited for here: this runs
+    /// in `deinit` too).
+    static func stop(_ child: Child, work: String?) {
+        child.kill()
         if let work { try? FileManager.default.removeItem(atPath: work) }
-    }
-}
-
-extension Process {
-    /// `run()` with no signal blocked in the child. A child inherits the signal mask of the thread
-    /// that starts it, and the test runner's threads (Dispatch's, the cooperative pool's) block
-    /// nearly every signal: a server started from one never sees SIGCHLD, so it never reaps its
-    /// sessions (vsftpd then counts every ended session against `max_clients` and refuses all
-    /// after 64), nor SIGTERM. A shell starts programs with none blocked, as users do.
-    public func runWithSignalsUnblocked() throws {
-        var none = sigset_t(), old = sigset_t()
-        sigemptyset(&none)
-        pthread_sigmask(SIG_SETMASK, &none, &old)
-        defer { pthread_sigmask(SIG_SETMASK, &old, nil) }
-        try run()
     }
 }

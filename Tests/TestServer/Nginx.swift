@@ -14,7 +14,7 @@ public final class Nginx: @unchecked Sendable {
     /// The port.
     public let port: Int
     let work: String
-    let process: Process
+    let process: Child
 
     /// `http://127.0.0.1:PORT`.
     public var baseURL: String { (tls ? "https" : "http") + "://127.0.0.1:\(port)" }
@@ -25,7 +25,7 @@ public final class Nginx: @unchecked Sendable {
     /// nginx's own work directory, where `files` are written first (name to contents).
     /// `http2`: offered by ALPN on the TLS port.
     public init(root: String, limitRate: String = "2m", locations: String = "", files: [String: String] = [:],
-                tls: (certificate: String, key: String)? = nil, http2: Bool = false) throws {
+                tls: (certificate: String, key: String)? = nil, http2: Bool = false) async throws {
         guard let binary = Nginx.binary else { throw NSError(domain: "nginx not installed", code: 1) }
         self.root = root
         self.tls = tls != nil
@@ -60,20 +60,8 @@ public final class Nginx: @unchecked Sendable {
             }
             """
         try conf.write(toFile: work + "/nginx.conf", atomically: true, encoding: .utf8)
-        process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = ["-p", work, "-c", work + "/nginx.conf", "-e", work + "/error.log"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.runWithSignalsUnblocked()
-        let deadline = Date().addingTimeInterval(10)
-        while !Nginx.canConnect(port) {
-            guard Date() < deadline, process.isRunning else {
-                let log = (try? String(contentsOfFile: work + "/error.log", encoding: .utf8)) ?? ""
-                throw NSError(domain: "nginx did not start: \(log)", code: 2)
-            }
-            usleep(20_000)
-        }
+        process = try await LocalServer.launch(binary, ["-p", work, "-c", work + "/nginx.conf", "-e", work + "/error.log"], work: work,
+                                               port: port, seconds: 10, name: "nginx", logs: [work + "/error.log"], output: false)
     }
 
     /// Status codes nginx logged, in order.
@@ -92,16 +80,10 @@ public final class Nginx: @unchecked Sendable {
         }
     }
 
-    /// Stops nginx.
-    public func stop() {
-        if process.isRunning {
-            // SIGKILL: a child spawned from a thread that blocks signals may not see SIGTERM.
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-        try? FileManager.default.removeItem(atPath: work)
-    }
+    /// Stops nginx (SIGKILL to its process group) and removes its folder; swift-subprocess reaps it.
+    public func stop() { LocalServer.stop(process, work: work) }
 
+    /// Released (also by a test that threw before ``stop()``): stopped.
     deinit { stop() }
 
     /// A loopback port nothing listens on and no server of this run had (``Ports``): for a

@@ -13,7 +13,7 @@ public final class ProxyProcess: @unchecked Sendable {
 
     public let port: Int
     let work: String
-    let process: Process
+    let process: Child
     let kind: Kind
 
     /// `http://127.0.0.1:PORT` or `socks5://127.0.0.1:PORT`.
@@ -22,7 +22,7 @@ public final class ProxyProcess: @unchecked Sendable {
     /// `extraConfig`: lines added to tinyproxy's configuration (`BasicAuth user password`, say).
     /// `bindOutgoing`: the local address microsocks connects from (`-b`: another loopback
     /// address, so that a server sees which connections came through the proxy).
-    public init(_ kind: Kind, extraConfig: String = "", bindOutgoing: String? = nil) throws {
+    public init(_ kind: Kind, extraConfig: String = "", bindOutgoing: String? = nil) async throws {
         guard let binary = Self.binary(kind) else { throw NSError(domain: "proxy not installed", code: 1) }
         self.kind = kind
         work = NSTemporaryDirectory() + "pickup-proxy-" + UUID().uuidString
@@ -47,7 +47,7 @@ public final class ProxyProcess: @unchecked Sendable {
         case .microsocks:
             arguments = ["-i", "127.0.0.1", "-p", "\(port)"] + (bindOutgoing.map { ["-b", $0] } ?? [])
         }
-        process = try LocalServer.launch(binary, arguments, work: work, port: port, seconds: 10, name: "\(kind)",
+        process = try await LocalServer.launch(binary, arguments, work: work, port: port, seconds: 10, name: "\(kind)",
                                          logs: [work + "/proxy.log"])
     }
 
@@ -71,9 +71,10 @@ public final class ProxyProcess: @unchecked Sendable {
         log.components(separatedBy: "\n").filter { $0.contains("Request (file descriptor") && $0.contains("GET http://127.0.0.1:\(port)/") }.count
     }
 
+    /// Kills it (SIGKILL to its process group) and removes its folder; swift-subprocess reaps it.
     public func stop() { LocalServer.stop(process, work: work) }
-    /// Released (also by a test that threw before ``stop()``): stopped.
-    deinit { stop() }
+    /// Released (also by a test that threw before ``stop()``): killed.
+    deinit { LocalServer.stop(process, work: work) }
 }
 
 /// Squid from Debian's package on loopback, with Debian's default access rules (its
@@ -88,12 +89,12 @@ public final class SquidProcess: @unchecked Sendable {
 
     public let port: Int
     let work: String
-    let process: Process
+    let process: Child
 
     /// `http://127.0.0.1:PORT`.
     public var url: String { "http://127.0.0.1:\(port)" }
 
-    public init(extraSSLPorts: [Int] = [], extraConfig: String = "") throws {
+    public init(extraSSLPorts: [Int] = [], extraConfig: String = "") async throws {
         guard let binary = Self.binary else { throw NSError(domain: "squid not installed", code: 1) }
         work = NSTemporaryDirectory() + "pickup-squid-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
@@ -127,7 +128,7 @@ public final class SquidProcess: @unchecked Sendable {
             extraConfig,
         ]
         try lines.joined(separator: "\n").write(toFile: work + "/squid.conf", atomically: true, encoding: .utf8)
-        process = try LocalServer.launch(binary, ["-N", "-f", work + "/squid.conf"], work: work, port: port, seconds: 30,
+        process = try await LocalServer.launch(binary, ["-N", "-f", work + "/squid.conf"], work: work, port: port, seconds: 30,
                                          name: "squid", logs: [work + "/cache.log"])
     }
 
@@ -140,7 +141,8 @@ public final class SquidProcess: @unchecked Sendable {
             + ((try? String(contentsOfFile: work + "/out.log", encoding: .utf8)) ?? "")
     }
 
+    /// Kills it (SIGKILL to its process group) and removes its folder; swift-subprocess reaps it.
     public func stop() { LocalServer.stop(process, work: work) }
-    /// Released (also by a test that threw before ``stop()``): stopped.
-    deinit { stop() }
+    /// Released (also by a test that threw before ``stop()``): killed.
+    deinit { LocalServer.stop(process, work: work) }
 }
