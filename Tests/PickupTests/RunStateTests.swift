@@ -66,7 +66,6 @@ import Testing
             let connections = 1 + pick(8)
             var state = RunState(record: FileDownload.emptyRecord(url: "http://h/f"), minSplit: Int64(1 + pick(64)))
             var disk = Disk(Int(total))
-            var writers: [Int: Int64] = [:]  // range -> its writer's next byte
             var onDisk: ControlRecord? = nil  // the last control file stored
             var pending: (Checkpoints.Action, fsynced: [Bool])? = nil
             let label = "sequence \(sequence) of seed \(seed)"
@@ -85,34 +84,19 @@ import Testing
                     state.stored(r, version: v)
                 }
             }
-            func writtenByRange() -> [Int: Int64] {
-                var w: [Int: Int64] = [:]
-                for (i, pos) in writers where state.record.segments.indices.contains(i) {
-                    w[i] = pos - state.record.segments[i].start
-                }
-                return w
-            }
-            /// The engine's rule (`FileDownload.publishEnds`): every writer stops at its range's end
-            /// as the state says it now (a writer is never past its end: the model's stops there).
-            func publishEnds() {
-                for (i, pos) in writers {
-                    guard let s = state.scheduler, s.segments.indices.contains(i),
-                        let end = state.end(ofRange: i, startingAt: s.segments[i].start), pos > end else { continue }
-                    writers[i] = max(end, s.segments[i].start)
-                }
-            }
-            /// The writers as the engine hands them to the state's events (no speeds: no clock here).
-            func sampled() -> [Int: RunState.Writer] {
-                writtenByRange().reduce(into: [:]) { all, w in
-                    let position = writers[w.key] ?? 0
-                    all[w.key] = RunState.Writer(written: w.value, position: position, beganAt: position, began: 0, rate: nil)
-                }
+            /// The writers as the engine hands them to the state's events, sampled from the cursors
+            /// the state keeps (no speeds: at time 0 no cursor has run long enough to measure).
+            func sampled() -> [Int: RunState.Writer] { state.writers(now: 0) }
+            /// A writer starts on range `index` at `next` (its end the state's to lower).
+            func write(_ index: Int, start: Int64, next: Int64, end: Int64?) {
+                state.writes(SegmentCursor(segment: index, start: start, position: next, end: end))
             }
             /// A round starts and its first response (a 206 with the length) plans the ranges.
             func startFresh() {
-                writers[0] = state.record.segments[0].start + state.record.segments[0].done
+                let first = state.record.segments[0]
+                write(0, start: first.start, next: first.start + first.done, end: first.end)
                 state.newRound(connections: connections)
-                _ = state.partialResponse(segment: 0, at: writers[0]!, total: total, validators: validators, digest: nil,
+                _ = state.partialResponse(segment: 0, at: first.start + first.done, total: total, validators: validators, digest: nil,
                                           connections: connections)
             }
             startFresh()
@@ -120,22 +104,23 @@ import Testing
             for _ in 0..<(20 + pick(60)) {
                 events += 1
                 switch pick(10) {
-                case 0, 1, 2:  // a writer writes
-                    guard let s = state.scheduler, let (i, pos) = writers.randomElement(using: &random),
-                        s.segments.indices.contains(i), pos < s.segments[i].end else { break }
-                    let n = Int64(1 + pick(Int(s.segments[i].end - pos)))
+                case 0, 1, 2:  // a writer writes, as the data path does: up to the end its cursor says
+                    let ranges = state.cursors.keys.sorted()  // (in a seeded order, not the dictionary's)
+                    guard !ranges.isEmpty, let c = state.cursors[ranges[pick(ranges.count)]] else { break }
+                    let pos = c.position.load(ordering: .relaxed), end = min(c.end.load(ordering: .relaxed), total)
+                    guard pos < end else { break }
+                    let n = Int64(1 + pick(Int(end - pos)))
                     for b in pos..<(pos + n) { disk.written[Int(b)] = true }
-                    writers[i] = pos + n
+                    c.position.store(pos + n, ordering: .relaxed)
                 case 3:  // a connection asks for work
                     let id = pick(connections)
                     let a = state.assign(id, unownedOnly: pick(4) == 0, writers: sampled(), now: 0, connections: connections)
-                    publishEnds()
-                    if let a { writers[a.segment] = a.next }
+                    if let a { write(a.segment, start: a.start, next: a.next, end: a.end) }
                 case 4:  // a connection gives its range back
                     state.connectionLeft(pick(connections))
                 case 5:  // a checkpoint: the record is taken now, the fsync and store come later
                     if pending == nil {
-                        pending = (state.checkpoint(written: writtenByRange()), disk.written)
+                        pending = (state.checkpoint(), disk.written)
                     }
                 case 6:  // the pending checkpoint's fsync and store complete
                     if let (action, synced) = pending {
@@ -146,9 +131,7 @@ import Testing
                     switch pick(3) {
                     case 0: state.connectionsRestored()
                     case 1: _ = state.holdConnections(writers: sampled())
-                    default:
-                        state.shedConnections(writers: sampled())
-                        publishEnds()
+                    default: state.shedConnections(writers: sampled())
                     }
                 case 8:  // the representation changed: everything is discarded
                     if pick(4) == 0 {
@@ -159,27 +142,24 @@ import Testing
                             r.segments = [SegmentRecord(start: 0, end: nil, done: 0)]
                         }
                         disk = Disk(Int(total))  // truncated
-                        writers = [:]
+                        #expect(state.cursors.isEmpty, "\(label): a restart keeps writers")
                         store(action)
                         startFresh()
                     }
                 default:  // killed, then recovered from the control file and the cursors (same boot)
                     pending = nil
                     guard let rec = onDisk else { break }
-                    let cursorRanges = writers.compactMap { i, pos -> (start: Int64, end: Int64)? in
-                        guard let s = state.scheduler, s.segments.indices.contains(i) else { return nil }
-                        return (s.segments[i].start, pos)
-                    }
+                    // The cursor file's slots: each writer's range start and its next byte.
+                    let cursorRanges = state.cursors.values.map { c -> (start: Int64, end: Int64) in (c.start, c.position.load(ordering: .relaxed)) }
                     let partialSize = Int64(disk.written.lastIndex(of: true).map { $0 + 1 } ?? 0)
                     state = RunState(record: FileDownload.emptyRecord(url: "http://h/f"), minSplit: state.minSplit)
-                    writers = [:]
                     switch Recovery.decide(.init(record: rec, controlExists: true, partialSize: partialSize, written: cursorRanges),
                                            url: "http://h/f") {
                     case .resume(let r, let merged):
                         state.loaded(r)
                         if let merged { store(state.recovered(merged)) }
                         let first = state.firstRange()
-                        writers[first.index] = first.start + first.done
+                        write(first.index, start: first.start, next: first.start + first.done, end: first.end)
                     case .startOver, .anotherURL, .fresh:
                         disk = Disk(Int(total))
                         onDisk = nil
@@ -188,6 +168,12 @@ import Testing
                 }
                 // The invariants.
                 if let s = state.scheduler {
+                    // Every writer stops at its range's end as the ranges say it now.
+                    let overrun = state.cursors.values.filter { c in
+                        guard let end = state.end(ofRange: c.segment, startingAt: c.start) else { return false }
+                        return c.end.load(ordering: .relaxed) > end
+                    }
+                    #expect(overrun.isEmpty, "\(label): a writer's end is past its range's: \(overrun.map { ($0.segment, $0.end.load(ordering: .relaxed)) })")
                     let shape = s.segments.map { (start: $0.start, end: $0.end) }
                     #expect(Self.checkCover(shape, total: total), "\(label): the ranges do not cover the file once: \(shape)")
                     let recordStarts: [Int64] = state.record.segments.map(\.start)
@@ -298,27 +284,32 @@ import Testing
     /// Which connections fetch is one phase: all; one for the tuner's trial or shed, until it
     /// restores the others (or a restart does); one for good once responses disagreed, which
     /// neither the tuner nor a restart undoes. Only the one that fetches gets a range.
+    /// Every range's writer 10 bytes past its reported progress, range `i` at `i + 1` bytes/s (the
+    /// last range's is the fastest).
+    static func writers(_ s: RunState) -> [Int: RunState.Writer] {
+        Dictionary(uniqueKeysWithValues: (s.scheduler?.segments.indices ?? 0..<0).map { i in
+            let seg = s.scheduler!.segments[i]
+            return (i, RunState.Writer(written: seg.done + 10, position: seg.start + seg.done + 10, beganAt: seg.start, began: 0,
+                                       rate: Double(i + 1)))
+        })
+    }
+
+    /// `n` connections, each with a range of a 100,000-byte file.
+    static func running(_ n: Int) -> RunState {
+        var s = RunState(record: FileDownload.emptyRecord(url: "u"), minSplit: 100)
+        s.newRound(connections: n)
+        _ = s.partialResponse(segment: 0, at: 0, total: 100_000,
+                              validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
+                              digest: nil, connections: n)
+        for c in 0..<n {
+            _ = s.connectionStarted(c, asking: 0)
+            _ = s.assign(c, unownedOnly: false, writers: [:], now: 0, connections: n)
+        }
+        return s
+    }
+
     @Test func whichConnectionsFetchIsOnePhase() {
-        func writers(_ s: RunState) -> [Int: RunState.Writer] {
-            Dictionary(uniqueKeysWithValues: (s.scheduler?.segments.indices ?? 0..<0).map { i in
-                let seg = s.scheduler!.segments[i]
-                return (i, RunState.Writer(written: seg.done + 10, position: seg.start + seg.done + 10, beganAt: seg.start, began: 0,
-                                           rate: Double(i + 1)))
-            })
-        }
-        /// `n` connections, each with a range of a 100,000-byte file.
-        func running(_ n: Int) -> RunState {
-            var s = RunState(record: FileDownload.emptyRecord(url: "u"), minSplit: 100)
-            s.newRound(connections: n)
-            _ = s.partialResponse(segment: 0, at: 0, total: 100_000,
-                                  validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
-                                  digest: nil, connections: n)
-            for c in 0..<n {
-                _ = s.connectionStarted(c, asking: 0)
-                _ = s.assign(c, unownedOnly: false, writers: [:], now: 0, connections: n)
-            }
-            return s
-        }
+        let (writers, running) = (Self.writers, Self.running)
         var s = running(4)
         #expect(s.connections == .all)
         let keeper = s.holdConnections(writers: writers(s))
@@ -345,5 +336,62 @@ import Testing
         #expect(shed2)
         _ = t.restarted { _ in }
         #expect(t.connections == .all)
+    }
+
+    /// The tuner's samples are one event on the run: a busy process's trial holds every
+    /// connection but the fastest writer's; one connection as fast keeps the shed (the held ranges
+    /// end where they are), one clearly slower brings the others back; after that, nothing.
+    @Test func theTunersDecisionIsCarriedOutOnTheConnectionsInOneEvent() {
+        let (writers, running) = (Self.writers, Self.running)  // (range 3's writer is the fastest of four)
+        /// A busy process (two CPU seconds a second on two threads) at 4,000 bytes/s.
+        func sample(_ t: Double) -> ConnectionTuner.Sample { .init(time: t, cpu: 2 * t, bytes: Int64(4000 * t), connections: 4) }
+        /// Samples until the trial starts: its keeper.
+        func trial(_ s: inout RunState) -> Int? {
+            s.startTuning(ConnectionTuner(threads: 2), with: sample(0))
+            for t in [0.05, 0.1] {
+                let step = s.tunerSampled(sample(t), trialBytes: nil, writers: writers(s))
+                #expect(step.action == nil && step.then == nil && s.connections == .all)
+            }
+            let step = s.tunerSampled(sample(0.15), trialBytes: nil, writers: writers(s))
+            guard case .trial(let keeper)? = step.then else {
+                Issue.record("no trial: \(step)")
+                return nil
+            }
+            #expect(step.action == .shed && s.connections == .shed(keeper: keeper) && s.tuning)
+            #expect(s.scheduler?.segments[3].owner == keeper, "the fastest writer's connection goes on")
+            return keeper
+        }
+
+        // No tuner: nothing.
+        var none = running(4)
+        let nothing = none.tunerSampled(sample(1), trialBytes: nil, writers: writers(none))
+        #expect(nothing.action == nil && nothing.then == nil && !none.tuning)
+
+        // One connection as fast as four: the shed stands, the held ranges end where their writers are.
+        var s = running(4)
+        guard let keeper = trial(&s) else { return }
+        _ = s.tunerSampled(sample(0.2), trialBytes: 0, writers: writers(s))  // the trial's window starts
+        var kept: (action: ConnectionTuner.Action?, then: RunState.Tuned?) = (nil, nil)
+        for t in stride(from: 0.25, through: 0.45, by: 0.05) where kept.then == nil {
+            kept = s.tunerSampled(sample(t), trialBytes: Int64(4000 * (t - 0.2)), writers: writers(s))
+        }
+        #expect(kept.action == .keepShed && kept.then == .keptShed(from: 4))
+        #expect(s.connections == .shed(keeper: keeper) && !s.tuning)
+        let cut = (0..<4).filter { $0 != 3 }.allSatisfy { i in
+            s.scheduler.map { $0.segments[i].done > 0 && $0.segments[i].end == $0.segments[i].start + $0.segments[i].done } ?? false
+        }
+        #expect(cut && s.scheduler?.segments.count == 7, "the held ranges end where their writers are, the rest unowned")
+        let after = s.tunerSampled(sample(1), trialBytes: 4000, writers: writers(s))
+        #expect(after.action == nil && after.then == nil, "decided once")
+
+        // One connection clearly slower: the others come back, before the whole window.
+        var r = running(4)
+        guard trial(&r) != nil else { return }
+        _ = r.tunerSampled(sample(0.2), trialBytes: 0, writers: writers(r))
+        var back: (action: ConnectionTuner.Action?, then: RunState.Tuned?) = (nil, nil)
+        for t in stride(from: 0.25, through: 0.45, by: 0.05) where back.then == nil {
+            back = r.tunerSampled(sample(t), trialBytes: Int64(40 * (t - 0.2)), writers: writers(r))
+        }
+        #expect(back.action == .restore && back.then == .restored && r.connections == .all && !r.tuning)
     }
 }

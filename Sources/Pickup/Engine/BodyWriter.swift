@@ -165,7 +165,7 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
             self.cursor = cursor
             offset = start
             firstOffset = start
-            download.lock.withLock { download.inFlight[connection] = (start, source, cursor, download.record.epoch) }
+            download.lock.withLock { download.state.responseBegan(connection, from: start, source: source, cursor: cursor) }
             responseEnd = end ?? .max
             writing = true
         }

@@ -33,23 +33,10 @@ extension FileDownload {
         try ioLock.withLock {
             if lock.withLock({ foreign != nil }) { return }  // (nothing of ours here yet)
             let (action, file) = lock.withLock { () -> (Checkpoints.Action, PartialFile?) in
-                state.recordWriters(inFlight: writing())
-                return (state.checkpoint(written: writtenByRange()), self.file)
+                (state.checkpoint(), self.file)
             }
             try perform(action, file: file)
         }
-    }
-
-    /// What the attempts in flight have written so far (start, end, source), those of the bytes
-    /// held now only. With `lock` held.
-    func writing() -> [(start: Int64, end: Int64, source: Int)] {
-        let epoch = record.epoch
-        return inFlight.values.filter { $0.epoch == epoch }.map { ($0.from, $0.cursor.position.load(ordering: .relaxed), $0.source) }
-    }
-
-    /// Bytes written in each live range, by range index. With `lock` held.
-    func writtenByRange() -> [Int: Int64] {
-        cursors.filter { record.segments.indices.contains($0.key) }.mapValues { $0.written }
     }
 
     /// Ends the run's file I/O: after any checkpoint or store in flight, nothing more is written
@@ -97,10 +84,7 @@ extension FileDownload {
     func discardHeld(_ file: PartialFile, reset: (inout ControlRecord) -> Void) throws {
         try ioLock.withLock {
             try file.truncate(to: 0)
-            let action = lock.withLock { () -> Checkpoints.Action in
-                cursors = [:]
-                return state.restarted(reset)
-            }
+            let action = lock.withLock { state.restarted(reset) }
             try perform(action, file: nil)
             let (mapped, epoch) = lock.withLock { (self.cursorFile, self.record.epoch ?? 0) }
             mapped?.reset(epoch: epoch)

@@ -52,9 +52,9 @@ extension FileDownload {
 
     private func finishLocked(file: PartialFile, previous: (FilePath, CompletionRecord)?) throws -> (FilePath, Int64, ExpectedDigest?) {
         let size = try lock.withLock { () throws -> Int64 in
-            let size = record.totalLength ?? heldBytes()
-            guard heldBytes() == size else {
-                throw PickupError.server(status: nil, "internal: finishing with \(heldBytes()) of \(size) bytes")
+            let size = record.totalLength ?? state.heldBytes
+            guard state.heldBytes == size else {
+                throw PickupError.server(status: nil, "internal: finishing with \(state.heldBytes) of \(size) bytes")
             }
             // A body of no announced length, taken from a lone source: its end must be the length given.
             if let expected = request.length, size != expected {
@@ -68,7 +68,6 @@ extension FileDownload {
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).
         let action = try lock.withLock { () throws -> Checkpoints.Action in
-            cursors = [:]
             if record.target == nil { try chooseTarget(head: nil) }
             return state.finishing(size: size, verifying: request.checksum != nil || record.serverDigest != nil)
         }

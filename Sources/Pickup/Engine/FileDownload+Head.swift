@@ -24,7 +24,7 @@ extension FileDownload {
             let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
                 state.answered(after: latency)
                 guard let file else { return nil }
-                if isDropped(cursor) { throw SinkStopped(.nothingToRead) }
+                if state.isDropped(cursor) { throw SinkStopped(.nothingToRead) }
                 // A source retired meanwhile (by another connection) writes nothing more.
                 if state.sources.isRetired(source) { throw SinkStopped(.rejected(reason: "it was retired")) }
                 if state.sources.several, let why = disagreement(source: source, total: total, validators: validators) {
@@ -44,21 +44,21 @@ extension FileDownload {
                     cursor = SegmentCursor(segment: cursor.segment, start: cursor.start,
                                            position: cursor.position.load(ordering: .relaxed),
                                            end: cursor.end.load(ordering: .relaxed), in: mapped)
-                    cursors[cursor.segment] = cursor
+                    state.writes(cursor)
                 }
                 let decided = state.partialResponse(segment: cursor.segment, at: at, end: end, total: total, validators: validators,
                                                     source: source, connection: connection, digest: Self.serverDigest(head),
                                                     connections: state.connectionsAllowed(options.connections))
                 let first = decided.described
-                publishEnds(also: cursor)
+                state.lowerEnd(of: cursor)
                 // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
                 if let total = decided.decidedTotal {
                     if options.preallocate { preallocate = (file, total) }
                     if let running = decided.running, running > 1 {
-                        if options.adaptiveConnections, tuner == nil {
-                            tuner = ConnectionTuner(threads: options.transportThreads)
-                            if let share = options.tunerKeepShare { tuner?.keepShare = share }
-                            _ = tuner?.add(tunerSample(connections: running))
+                        if options.adaptiveConnections, state.tuner == nil {
+                            var tuner = ConnectionTuner(threads: options.transportThreads)
+                            if let share = options.tunerKeepShare { tuner.keepShare = share }
+                            state.startTuning(tuner, with: tunerSample(connections: running))
                             monitor.sampleOften()
                         }
                         openMore = true
@@ -80,7 +80,7 @@ extension FileDownload {
             // Read with the staleness in one step: a response for a range that another 200 has
             // already replaced (and so made the ranges one) must not be taken for the only range.
             let (ranges, file, dropped, rejectable) = lock.withLock {
-                (record.segments.count, self.file, isDropped(cursor),
+                (record.segments.count, self.file, state.isDropped(cursor),
                  state.sources.isRetired(source)
                     || state.sources.several && state.sources.canReject(source) && (context.offset > 0 || record.totalLength != nil))
             }
@@ -119,7 +119,7 @@ extension FileDownload {
                 state.answered(after: latency)
                 if let total { state.lengthKnown(total, claiming: 0, by: connection) }
                 let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total, in: cursorFile)
-                cursors = [0: fresh]
+                state.writes(fresh)
                 if record.target == nil || context.conditional { try chooseTarget(head: head) }
                 return (fresh, moreConnections, state.wantsStoreSoon)
             }
@@ -167,27 +167,15 @@ extension FileDownload {
         return nil
     }
 
-    /// Whether `cursor`'s range was dropped when another response replaced every held byte (its
-    /// response writes nothing). With `lock` held.
-    func isDropped(_ cursor: SegmentCursor) -> Bool { state.alone != nil && cursors[cursor.segment] !== cursor }
-
     enum Stop { case stopped, stale, timedOut }
 
-    /// Every range but `keep`'s stops where its writer is (and leaves `cursors`), no other
-    /// connection gets work for the rest of the run, and this returns once no other writer is
+    /// Every range but `keep`'s stops where its writer is (``RunState/writeAlone(keeping:connection:)``),
+    /// no other connection gets work for the rest of the run, and this returns once no other writer is
     /// inside a chunk (so none writes after the held bytes are discarded): `.stopped`. `.stale`
     /// when another response got there first (`keep` was stopped), `.timedOut` when a writer
     /// stayed inside a chunk for 2 s.
     func stopOthers(but keep: SegmentCursor, connection: Int) -> Stop {
-        let others = lock.withLock { () -> [SegmentCursor]? in
-            if isDropped(keep) { return nil }
-            state.fetchAlone(connection)
-            let others = cursors.values.filter { $0 !== keep }
-            cursors = cursors.filter { $0.value === keep }
-            for c in others { c.end.store(c.position.load(ordering: .relaxed), ordering: .sequentiallyConsistent) }
-            return others
-        }
-        guard let others else { return .stale }
+        guard let others = lock.withLock({ state.writeAlone(keeping: keep, connection: connection) }) else { return .stale }
         // A writer inside a chunk is in one pwrite: it leaves within microseconds, or within a
         // slow disk's milliseconds. Looked at again every 50 µs, on the head's `BlockingIO`
         // thread, never on an event loop.

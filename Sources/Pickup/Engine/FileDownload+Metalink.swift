@@ -35,7 +35,7 @@ extension FileDownload {
     /// document that this request follows. With `lock` not held.
     func answersWithMetalink(_ head: ResponseHead, source: Int) -> Bool {
         guard request.followMetalink, source == 0, Self.isMetalink(head) else { return false }
-        return lock.withLock { heldBytes() == 0 }
+        return lock.withLock { state.heldBytes == 0 }
     }
 
     /// `Content-Type: application/metalink4+xml` (parameters and case aside).

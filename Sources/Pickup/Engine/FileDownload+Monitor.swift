@@ -3,13 +3,6 @@ import Foundation
 /// The periodic side of a run, driven by the ``DownloadMonitor``'s ticks: progress reports,
 /// checkpoints and write-behind queued on the blocking-I/O pool, and the connection tuner.
 extension FileDownload {
-    /// Bytes held: written in live ranges, durable in the others. Called with `lock` held.
-    func heldBytes() -> Int64 {
-        record.segments.indices.reduce(0) { sum, i in
-            sum + max(record.segments[i].done, cursors[i]?.written ?? 0)
-        }
-    }
-
     /// What the monitor's ticks need, guarded by `tickLock` (held for a whole tick, so that
     /// ``stopMonitoring()`` waits for one in progress).
     struct Ticks {
@@ -48,7 +41,7 @@ extension FileDownload {
             if now - ticks.lastProgress >= options.progressInterval * 0.9 {
                 ticks.lastProgress = now
                 let (held, total, patience, connections) = lock.withLock {
-                    (heldBytes(), record.totalLength, state.patience.values.max() ?? 0, state.activeConnections)
+                    (state.heldBytes, record.totalLength, state.patience.values.max() ?? 0, state.activeConnections)
                 }
                 let speed = ticks.meter.add(time: now, bytes: transferred.load(ordering: .relaxed))
                 let stall = patience > 0 ? transport.stallTimeout(patience: patience) : nil
@@ -66,7 +59,7 @@ extension FileDownload {
                 writeBehindSoon()
             }
             tune()
-            return now - ticks.started < 1 && lock.withLock { tuner != nil && tuner?.phase != .settled }
+            return now - ticks.started < 1 && lock.withLock { state.tuning }
         }
     }
 
@@ -103,42 +96,28 @@ extension FileDownload {
                                connections: connections ?? state.activeConnections)
     }
 
-    /// Feeds the tuner one sample and carries out what it decides.
+    /// Feeds the tuner one sample and carries out what it decides (``RunState/tunerSampled(_:trialBytes:writers:)``,
+    /// one look at the state). During the trial one connection runs, and its bytes alone count.
     func tune() {
-        let act = lock.withLock { () -> ConnectionTuner.Action? in
-            guard tuner != nil, tuner?.phase != .settled else { return nil }
-            // During the trial one connection runs, and its bytes alone count; the others are held.
-            var sample = tunerSample()
-            if trial.load(ordering: .relaxed) >= 0 {
-                sample.connections = 1
-                sample.bytes = trialBytes.load(ordering: .relaxed)
-            }
-            return tuner?.add(sample)
+        let inTrial = trial.load(ordering: .relaxed) >= 0
+        let (action, then) = lock.withLock {
+            state.tunerSampled(tunerSample(), trialBytes: inTrial ? trialBytes.load(ordering: .relaxed) : nil,
+                               writers: state.writers(now: Clock.monotonic()))
         }
-        if let act { options.onTune?(act) }
-        switch act {
-        case .shed?:
-            // A trial: the others are held where they are (said only if it stands: a trial the
-            // tuner takes back is not news).
-            lock.withLock {
-                if let keeper = state.holdConnections(writers: writers()) {
-                    trialBytes.store(0, ordering: .relaxed)
-                    trial.store(keeper, ordering: .relaxed)
-                }
-            }
-        case .restore?:
+        if let action { options.onTune?(action) }
+        switch then {
+        case .trial(let keeper)?:
+            // The others are held where they are (said only if it stands: a trial the tuner
+            // takes back is not news).
+            trialBytes.store(0, ordering: .relaxed)
+            trial.store(keeper, ordering: .relaxed)
+        case .restored?:
             // The held connections read on; any that finished its range meanwhile waits at the gate.
-            lock.withLock { state.connectionsRestored() }
             trial.store(-1, ordering: .relaxed)
             restore.open()
-        case .keepShed?:
+        case .keptShed(let kept)?:
             // The held ranges end where they are (their writers see the lowered ends once they
             // read again) and the one connection takes the rest.
-            let kept = lock.withLock { () -> Int? in
-                state.shedConnections(writers: writers())
-                publishEnds()
-                return tuner?.shedFrom
-            }
             trial.store(-1, ordering: .relaxed)
             if let kept {
                 onEvent(.notice("\(kept) connections add no speed here (this machine, not the network, sets the pace); going on with one"))

@@ -55,7 +55,7 @@ extension FileDownload {
             // writing it has not said yet: the next check reads it again); one that several
             // sources, or a run before a kill, wrote is bad with no one to blame.
             let recorded = lock.withLock { () -> (Bool, blame: Bool)? in
-                let writing = writing()
+                let writing = state.writing()
                 let sole = good ? nil : state.soleWriter(of: a, b, writing: writing)
                 if !good, sole == nil, writing.contains(where: { $0.start < b && $0.end > a }) { return nil }
                 return (state.checked(piece: k, good: good, generation: found.generation), sole != nil)
@@ -73,14 +73,11 @@ extension FileDownload {
     func blame(_ bad: [(start: Int64, end: Int64)], of count: Int, pieces: Metalink.Pieces, after: String) {
         let (blamed, notices, known) = lock.withLock { () -> ([String], [String], Bool) in
             var blamed = Set<Int>(), notices: [String] = []
-            let writing = writing()
+            let writing = state.writing()
             for (a, b) in bad {
                 guard let s = state.soleWriter(of: a, b, writing: writing) else { continue }
                 blamed.insert(s)
-                if let notice = state.badPiece(from: s, writers: writers()) {
-                    notices.append(notice)
-                    publishEnds()
-                }
+                if let notice = state.badPiece(from: s, writers: state.writers(now: Clock.monotonic())) { notices.append(notice) }
             }
             // (Bad pieces that a source rejected already was still sending are not news.)
             let known = !blamed.isEmpty && notices.isEmpty && blamed.allSatisfy { state.sources.isRetired($0) }
@@ -132,10 +129,7 @@ extension FileDownload {
     /// taken back after a kill (every other byte is in the record). Between rounds, on the pool.
     func cutOut(_ ranges: [(start: Int64, end: Int64)]) throws {
         try ioLock.withLock {
-            let action = lock.withLock { () -> Checkpoints.Action in
-                cursors = [:]
-                return state.reopen(ranges)
-            }
+            let action = lock.withLock { state.reopen(ranges) }
             try perform(action, file: nil)
             let (mapped, epoch) = lock.withLock { (cursorFile, record.epoch ?? 0) }
             mapped?.reset(epoch: epoch)

@@ -63,7 +63,7 @@ extension FileDownload {
                         if lock.withLock({ state.isComplete }) { group.cancelAll() }
                     }
                 }
-                let (early, complete) = lock.withLock { (endedEarly, state.scheduler?.isComplete ?? true) }
+                let (early, complete) = lock.withLock { (state.endedEarly, state.scheduler?.isComplete ?? true) }
                 if let early { return early }
                 if complete {
                     let good = try await BlockingIO.run {
@@ -130,7 +130,7 @@ extension FileDownload {
                 case .retired:
                     return
                 case .ended(let early):
-                    lock.withLock { endedEarly = early }
+                    lock.withLock { state.ended(early: early) }
                     return
                 }
                 conditional = nil
@@ -156,31 +156,23 @@ extension FileDownload {
             let first = state.firstRange()
             let cursor = SegmentCursor(segment: first.index, start: first.start, position: first.start + first.done, end: first.end,
                                        in: cursorFile)
-            cursors[first.index] = cursor
+            state.writes(cursor)
             return cursor
         }
     }
 
     /// The next range for connection `id`, splitting another connection's range if need be (`unownedOnly`:
     /// only a range no connection has): ``RunState/assign(_:unownedOnly:writers:now:connections:)``,
-    /// its ends copied to the writers.
+    /// its writer registered with the state.
     func assign(_ id: Int, unownedOnly: Bool = false) -> SegmentCursor? {
         lock.withLock {
-            guard let a = state.assign(id, unownedOnly: unownedOnly, writers: writers(), now: Clock.monotonic(),
+            let now = Clock.monotonic()
+            guard let a = state.assign(id, unownedOnly: unownedOnly, writers: state.writers(now: now), now: now,
                                        connections: options.connections)
             else { return nil }
-            publishEnds()
             let cursor = SegmentCursor(segment: a.segment, start: a.start, position: a.next, end: a.end, in: cursorFile)
-            cursors[a.segment] = cursor
+            state.writes(cursor)
             return cursor
-        }
-    }
-
-    /// What the writers have written, by range, as the state reads it. With `lock` held.
-    func writers(now: Double = Clock.monotonic()) -> [Int: RunState.Writer] {
-        cursors.mapValues { c in
-            RunState.Writer(written: c.written, position: c.position.load(ordering: .relaxed), beganAt: c.beganAt, began: c.began,
-                            rate: c.rate(now: now))
         }
     }
 
@@ -190,7 +182,7 @@ extension FileDownload {
     func endgameWait(_ id: Int) -> Double? {
         lock.withLock {
             let now = Clock.monotonic()
-            return state.endgameWait(id, writers: writers(now: now), now: now)
+            return state.endgameWait(id, writers: state.writers(now: now), now: now)
         }
     }
 
@@ -213,7 +205,7 @@ extension FileDownload {
         var source = 0
         let (held, start, given) = lock.withLock { () -> (Int64, String, String) in
             source = state.sources.source(of: id) ?? 0
-            return (state.heldAtMost(heldBytes()), state.sources.url(source), state.sources.sources[source].url)
+            return (state.heldAtMost(state.heldBytes), state.sources.url(source), state.sources.sources[source].url)
         }
         // "Progress" is more bytes held than ever before in this run, on any connection, since this
         // connection's previous failure (bytes that arrive elsewhere during a backoff count). New
@@ -279,10 +271,7 @@ extension FileDownload {
                 if let from = sink.firstOffset {
                     let to = sink.cursor.position.load(ordering: .relaxed)
                     let seconds = Clock.monotonic() - began
-                    lock.withLock {
-                        let epoch = inFlight.removeValue(forKey: id)?.epoch
-                        state.attemptEnded(source: asked, wrote: from, to: to, seconds: seconds, sameRepresentation: epoch == record.epoch)
-                    }
+                    lock.withLock { state.attemptEnded(id, source: asked, wrote: from, to: to, seconds: seconds) }
                 }
             }
             do {
@@ -325,7 +314,7 @@ extension FileDownload {
             }
             cursor = sink.cursor
             // Stopped meanwhile (another connection went on alone), else what the run says now.
-            guard let facts = lock.withLock({ state.facts(for: id, holding: heldBytes()) }) else { return .retired }
+            guard let facts = lock.withLock({ state.facts(for: id, holding: state.heldBytes) }) else { return .retired }
             if sink.decision?.writes == true { conditional = nil }
             let position = cursor.position.load(ordering: .relaxed)
             let response = Attempt.Response(decision: sink.decision, failure: failure, advanced: position > offset, position: position,

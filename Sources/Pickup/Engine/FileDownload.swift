@@ -44,32 +44,11 @@ final class FileDownload: @unchecked Sendable {
     var file: PartialFile?
     /// The mapped cursors of this run, once the download is large enough to keep them.
     var cursorFile: CursorFile?
-    /// The range of every segment being (or last) written, by segment index.
-    var cursors: [Int: SegmentCursor] = [:]
-
-    /// A range's end is the scheduler's (``RunState``'s): each writer's `end` atomic is a copy
-    /// the per-chunk path reads without `lock`, lowered here, and only here, to the scheduler's
-    /// end of the range it writes (a cut, a split, a shed, the plan, a response's end). Called
-    /// with `lock` held after anything that may change the ranges' shape; `also`: a writer not
-    /// registered in `cursors` yet. (Stopping every other writer for a whole response is not a
-    /// range's end: ``stopOthers(but:connection:)`` does that.)
-    func publishEnds(also extra: SegmentCursor? = nil) {
-        guard state.scheduler != nil else { return }
-        func lower(_ c: SegmentCursor) {
-            guard let end = state.end(ofRange: c.segment, startingAt: c.start), end < c.end.load(ordering: .relaxed) else { return }
-            c.end.store(end, ordering: .relaxed)
-        }
-        for c in cursors.values { lower(c) }
-        if let extra { lower(extra) }
-    }
 
     /// The URL given after redirects (``SourceSet`` keeps where each source leads). With `lock` held.
     var resolvedURL: String { state.sources.url(0) }
     /// Told when the first response allows more connections.
     var moreConnections: AsyncStream<Void>.Continuation?
-    /// How the run ended without every byte fetched, when a connection learnt it (a finished
-    /// file's check, a Metalink answer). With `lock` held.
-    var endedEarly: Transferred?
     /// While shed to one connection (``ConnectionTuner``), the others wait here.
     let restore = Gate()
     /// While the tuner tries one connection, that connection (-1: none): every other one reads
@@ -79,8 +58,6 @@ final class FileDownload: @unchecked Sendable {
     let trial = ManagedAtomic(-1)
     /// Bytes that connection wrote during the trial: the speed the tuner decides on.
     let trialBytes = ManagedAtomic<Int64>(0)
-    /// Fed when more connections open and on every progress tick (nil: fixed connections).
-    var tuner: ConnectionTuner?
     /// The user's header fields (with the URL's credentials as `Authorization`), for every request.
     let userHeaders: [RequestHeader]
     /// Cookies: the user's, and those servers set along the way (this run only).
@@ -92,10 +69,6 @@ final class FileDownload: @unchecked Sendable {
     /// checkpoint may ever be claimed. The run ends with this error (exit 6), keeping what was
     /// durable before.
     let syncFailure = NIOLockedValueBox<PickupError?>(nil)
-    /// Responses writing now, by connection: where each began, its source and its cursor (for
-    /// the record's writers at a checkpoint).
-    /// (Bytes of a representation since discarded, by their epoch, are nobody's.)
-    var inFlight: [Int: (from: Int64, source: Int, cursor: SegmentCursor, epoch: UInt64?)] = [:]
     /// The search for a source whose bytes break the whole-file hash, while one runs.
     var search: BadSourceSearch?
     /// A whole-file hash already checked against every byte held (the finish need not read them again).
@@ -270,7 +243,7 @@ final class FileDownload: @unchecked Sendable {
             var conditional: (FilePath, CompletionRecord)? = nil
             // Nothing held (also after a kill between the finishing rename and the control file's
             // removal): a finished file of this URL is checked instead of fetched again.
-            if try !loadControlFile(file) || lock.withLock({ heldBytes() }) == 0 {
+            if try !loadControlFile(file) || lock.withLock({ state.heldBytes }) == 0 {
                 if let found = store.lookup(url: request.url, in: dir, name: fixedName, versions: !request.overwrite) {
                     guard let v = found.1.validators, v.canRevalidate else {
                         onEvent(.notice("already downloaded: \(found.0) (\(ByteCount.format(found.1.length)); the server gave no validator to check it against)"))
@@ -282,7 +255,7 @@ final class FileDownload: @unchecked Sendable {
                     conditional = found
                 }
             }
-            lock.withLock { state.started(holding: heldBytes()) }
+            lock.withLock { state.started(holding: state.heldBytes) }
             return Prepared(file: file, conditional: conditional, early: nil)
         } catch {
             file.close()
@@ -409,7 +382,7 @@ final class FileDownload: @unchecked Sendable {
     func discardPartialIfEmpty(evenIfHeld: Bool = false) {
         ioLock.withLock {
             if lock.withLock({ foreign != nil }) { return }  // (another URL's, not ours to remove)
-            if evenIfHeld || lock.withLock({ heldBytes() }) == 0 {
+            if evenIfHeld || lock.withLock({ state.heldBytes }) == 0 {
                 removeControlFile()
                 dir.remove(partialName)
             }

@@ -7,13 +7,18 @@
 /// One fact, one owner: the ranges' shape is the scheduler's; the control record's ranges are its
 /// projection, rewritten by every change that goes through ``ranges(_:)``, and their durable
 /// counts are raised only by a store (``stored(_:version:)``), which also tells the scheduler.
-/// What the writers have written lives in their cursors (atomics in the mapped cursor file: the
-/// edge this value reads through the `written` samples it is given).
+/// What the writers have written lives in their cursors (atomics in the mapped cursor file, the
+/// data path's): the state keeps the cursors (``cursors``), lowers their ends to the ranges'
+/// whenever the ranges change, and reads them only as samples (``writers(now:)``) that the
+/// decisions take as values.
 struct RunState {
     /// The control file: the record (durable counts only) and what the file on disk claims.
     private(set) var checkpoints: Checkpoints
-    /// The ranges, once the complete length is known.
-    private(set) var scheduler: SegmentScheduler?
+    /// The ranges, once the complete length is known. Whenever they change, every writer's end
+    /// follows (``lowerEnds()``): the data path's copy of a range's end is kept in step here only.
+    private(set) var scheduler: SegmentScheduler? {
+        didSet { lowerEnds() }
+    }
     /// No range is split smaller than this.
     let minSplit: Int64
     /// Where each range's writer was last seen and since when (by range): how long it has
@@ -167,7 +172,7 @@ struct RunState {
 
     /// Before a checkpoint: the record's writers become this run's provenance and the attempts
     /// in flight (`inFlight`: start, current end, source), merged (several sources only).
-    mutating func recordWriters(inFlight: [(start: Int64, end: Int64, source: Int)]) {
+    private mutating func recordWriters(inFlight: [(start: Int64, end: Int64, source: Int)]) {
         guard sources.several else { return }
         var merged: [[Int64]] = []
         for w in (provenance + inFlight).filter({ $0.end > $0.start }).sorted(by: { ($0.start, $0.source) < ($1.start, $1.source) }) {
@@ -281,6 +286,7 @@ struct RunState {
     /// are cut around them and the ranges rebuilt, unowned; the store returned must be carried out
     /// before a byte is written. Every range must be complete (the round is over and its checkpoint stored).
     mutating func reopen(_ bad: [(start: Int64, end: Int64)]) -> Checkpoints.Action {
+        cursors = [:]
         guard let total = record.totalLength else { return .none }
         // Every byte is held: the ranges are the held stretches between the bad pieces, and the
         // bad pieces, empty.
@@ -331,7 +337,7 @@ struct RunState {
     mutating func describe(_ change: (inout ControlRecord) -> Void) { checkpoints.update(change) }
 
     /// Where the writer of range `segment`, which starts at `start`, stops now: the scheduler's
-    /// end of that range, the one owner of a range's end (``FileDownload/publishEnds(also:)``
+    /// end of that range, the one owner of a range's end (``lowerEnd(of:)``
     /// copies it to the writers). Nil without ranges, or when that range is not this one now.
     func end(ofRange segment: Int, startingAt start: Int64) -> Int64? {
         guard let s = scheduler, s.segments.indices.contains(segment), s.segments[segment].start == start else { return nil }
@@ -444,9 +450,13 @@ struct RunState {
         return (i, segments[i].start, segments[i].done, segments[i].end)
     }
 
-    /// A periodic checkpoint, given what each range's writer has written (by range, from its
-    /// start): the record claiming it, for the caller to fsync the data and store.
-    func checkpoint(written: [Int: Int64]) -> Checkpoints.Action { checkpoints.checkpoint(written: written) }
+    /// A periodic checkpoint: the record's writers become this run's provenance and the responses
+    /// in flight (``recordWriters(inFlight:)``); the record claiming what each range's writer has
+    /// written, for the caller to fsync the data and store.
+    mutating func checkpoint() -> Checkpoints.Action {
+        recordWriters(inFlight: writing())
+        return checkpoints.checkpoint(written: writtenByRange())
+    }
 
     /// Takes back ranges found written after a kill (``Recovery``): the record claiming them,
     /// for the caller to fsync the data and store before anything else.
@@ -478,6 +488,7 @@ struct RunState {
         pieces.forget()
         lastSeen = [:]
         connectionsRestored()
+        cursors = [:]
         scheduler = nil
         // Every source's validators, rejections and writes were about the bytes discarded now.
         return checkpoints.restarted { r in
@@ -492,6 +503,7 @@ struct RunState {
     /// Every byte is written and fsynced: the ranges go; the store to carry out, if any.
     mutating func finishing(size: Int64, verifying: Bool) -> Checkpoints.Action {
         lastSeen = [:]
+        cursors = [:]
         scheduler = nil
         return checkpoints.finishing(size: size, verifying: verifying)
     }
@@ -589,10 +601,12 @@ struct RunState {
     }
 
     /// An attempt of connection `id` at source `source` wrote `from..<to` in `seconds`, however it
-    /// ended; `sameRepresentation`: the bytes are of the representation held now (not discarded meanwhile).
-    mutating func attemptEnded(source: Int, wrote from: Int64, to: Int64, seconds: Double, sameRepresentation: Bool) {
+    /// ended: its source is measured, and the bytes are the source's if they are of the
+    /// representation held now (its response's epoch, ``responseBegan(_:from:source:cursor:)``).
+    mutating func attemptEnded(_ id: Int, source: Int, wrote from: Int64, to: Int64, seconds: Double) {
         sources.measured(source, bytes: to - from, seconds: seconds)
-        if sameRepresentation { wrote(from, to, by: source) }
+        // (Bytes of a representation discarded since are nobody's.)
+        if let response = responses.removeValue(forKey: id), response.epoch == record.epoch { wrote(from, to, by: source) }
     }
 
     /// Requests to source `source` go to `url` from now on (it redirected).
@@ -785,6 +799,154 @@ struct RunState {
             if owner == id { own = r } else { rates[i] = r }
         }
         return (rates, own, quiet)
+    }
+
+    // MARK: - The writers
+
+    /// A response writing now: where its bytes began, its source, its writer's cursor, and the
+    /// epoch of the bytes it writes.
+    struct Response {
+        var from: Int64
+        var source: Int
+        var cursor: SegmentCursor
+        var epoch: UInt64?
+    }
+
+    /// The writer of each range being (or last) written, by range index: its cursor, whose
+    /// atomics the data path moves. A cursor's `end` is the data path's copy of its range's end,
+    /// lowered here (``lowerEnds()``) and nowhere else. Emptied when the ranges go (a restart, the
+    /// finish, bad pieces reopened).
+    private(set) var cursors: [Int: SegmentCursor] = [:]
+    /// Responses writing now, by connection: the record's writers at a checkpoint, and whose
+    /// bytes an attempt's end attributes (``attemptEnded(_:source:wrote:to:seconds:)``).
+    private(set) var responses: [Int: Response] = [:]
+    /// How the run ended without every byte fetched, once a connection learnt it (a finished
+    /// file's check, a Metalink answer).
+    private(set) var endedEarly: Transferred?
+
+    /// `cursor` writes its range from now on (a range given, the first range, a cursor moved
+    /// into the cursor file): its end follows the range's.
+    mutating func writes(_ cursor: SegmentCursor) {
+        cursors[cursor.segment] = cursor
+        lowerEnd(of: cursor)
+    }
+
+    /// Lowers `cursor`'s end to its range's end, if the ranges say less (a writer not registered
+    /// in ``cursors``, whose response is deciding, included).
+    func lowerEnd(of cursor: SegmentCursor) {
+        guard let end = end(ofRange: cursor.segment, startingAt: cursor.start), end < cursor.end.load(ordering: .relaxed) else { return }
+        cursor.end.store(end, ordering: .relaxed)
+    }
+
+    /// Every writer's end follows its range's (a cut, a split, a shed, the plan, a response's end).
+    private func lowerEnds() {
+        guard scheduler != nil else { return }
+        for c in cursors.values { lowerEnd(of: c) }
+    }
+
+    /// Whether `cursor`'s range was dropped when another response replaced every held byte (its
+    /// response writes nothing).
+    func isDropped(_ cursor: SegmentCursor) -> Bool { alone != nil && cursors[cursor.segment] !== cursor }
+
+    /// A whole response to connection `connection`, written by `keep`, replaces every held byte:
+    /// only it fetches from now on, every other range ends where its writer is (and leaves
+    /// ``cursors``). Returns those writers, for the caller to wait until none is inside a chunk;
+    /// nil when another response got there first (`keep` was dropped).
+    mutating func writeAlone(keeping keep: SegmentCursor, connection: Int) -> [SegmentCursor]? {
+        if isDropped(keep) { return nil }
+        fetchAlone(connection)
+        let others = cursors.values.filter { $0 !== keep }
+        cursors = cursors.filter { $0.value === keep }
+        for c in others { c.end.store(c.position.load(ordering: .relaxed), ordering: .sequentiallyConsistent) }
+        return others
+    }
+
+    /// Connection `id`'s response writes from `from` on, from source `source`, through `cursor`.
+    mutating func responseBegan(_ id: Int, from: Int64, source: Int, cursor: SegmentCursor) {
+        responses[id] = Response(from: from, source: source, cursor: cursor, epoch: record.epoch)
+    }
+
+    /// A connection learnt that the run ends without fetching every byte.
+    mutating func ended(early: Transferred) { endedEarly = early }
+
+    /// The writers as the decisions read them, sampled from their cursors now.
+    func writers(now: Double) -> [Int: Writer] {
+        cursors.mapValues { c in
+            Writer(written: c.written, position: c.position.load(ordering: .relaxed), beganAt: c.beganAt, began: c.began,
+                   rate: c.rate(now: now))
+        }
+    }
+
+    /// Bytes written in each live range, by range index.
+    func writtenByRange() -> [Int: Int64] {
+        cursors.filter { record.segments.indices.contains($0.key) }.mapValues { $0.written }
+    }
+
+    /// What the responses in flight have written so far (start, end, source), of the bytes held now only.
+    func writing() -> [(start: Int64, end: Int64, source: Int)] {
+        let epoch = record.epoch
+        return responses.values.filter { $0.epoch == epoch }.map { ($0.from, $0.cursor.position.load(ordering: .relaxed), $0.source) }
+    }
+
+    /// Bytes held: written in live ranges, durable in the others.
+    var heldBytes: Int64 {
+        record.segments.indices.reduce(0) { sum, i in
+            sum + max(record.segments[i].done, cursors[i]?.written ?? 0)
+        }
+    }
+
+    // MARK: - The connection tuner
+
+    /// The connection tuner (``ConnectionTuner``), once a round's first response allowed several
+    /// connections and the options want one.
+    private(set) var tuner: ConnectionTuner?
+
+    /// Whether the tuner is still deciding.
+    var tuning: Bool { tuner.map { $0.phase != .settled } ?? false }
+
+    /// The tuner starts (once a run), with the sample of the first response's connections.
+    mutating func startTuning(_ tuner: ConnectionTuner, with sample: ConnectionTuner.Sample) {
+        guard self.tuner == nil else { return }
+        self.tuner = tuner
+        _ = self.tuner?.add(sample)
+    }
+
+    /// What the engine carries out of the tuner's decision (the data path's trial, the gate, a notice).
+    enum Tuned: Equatable {
+        /// The trial holds every connection but `keeper`'s: the data path's trial is `keeper`,
+        /// its bytes counted from zero.
+        case trial(keeper: Int)
+        /// The held connections read on: the trial ends and the gate opens.
+        case restored
+        /// The shed stands (the held ranges end where they are): the trial ends; `from`
+        /// connections added no speed.
+        case keptShed(from: Int?)
+    }
+
+    /// One tuner sample (`sample`: every connection's bytes), carried out on the connections:
+    /// during a trial (`trialBytes`, the data path's count of the kept connection's bytes; nil
+    /// when no trial runs) only those count, as one connection. Returns the tuner's action (for
+    /// ``DownloadOptions/onTune``) and what the engine does, if anything.
+    mutating func tunerSampled(_ sample: ConnectionTuner.Sample, trialBytes: Int64?, writers: [Int: Writer])
+        -> (action: ConnectionTuner.Action?, then: Tuned?)
+    {
+        guard tuning else { return (nil, nil) }
+        var sample = sample
+        if let trialBytes {
+            sample.connections = 1
+            sample.bytes = trialBytes
+        }
+        let action = tuner?.add(sample)
+        switch action {
+        case .shed?: return (action, holdConnections(writers: writers).map { .trial(keeper: $0) })
+        case .restore?:
+            connectionsRestored()
+            return (action, .restored)
+        case .keepShed?:
+            shedConnections(writers: writers)
+            return (action, .keptShed(from: tuner?.shedFrom))
+        case nil: return (nil, nil)
+        }
     }
 
     // MARK: - The projection
