@@ -394,4 +394,110 @@ import Testing
         }
         #expect(back.action == .restore && back.then == .restored && r.connections == .all && !r.tuning)
     }
+
+    /// The search for a source whose bytes break the whole-file hash, with no file to hash: the
+    /// bytes of unknown source first, then each source's share in turn, the largest first, that
+    /// source suspended meanwhile; a match names the one suspended last, and the finish need not
+    /// hash the file again.
+    @Test func theSearchForABadSourceSuspectsTheLargestShareFirstAndNamesIt() {
+        let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        var s = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+                         sources: SourceSet(urls: ["http://a/f", "http://b/f", "http://c/f"], connections: 2))
+        s.newRound(connections: 2)
+        _ = s.partialResponse(segment: 0, at: 0, total: 1000, validators: strong, source: 0, digest: nil, connections: 2)
+        func spans(_ r: [(start: Int64, end: Int64)]?) -> [[Int64]] { (r ?? []).map { [$0.start, $0.end] } }
+        func suspended(_ i: Int) -> Bool { s.sources.sources[i].retired == SourceSet.suspected }
+        s.wrote(0, 500, by: 1)
+        s.wrote(500, 800, by: 0)  // (800..<1000: written before a kill, by no known source)
+
+        let first = s.hashFailed()
+        #expect(first?.source == -1 && spans(first?.ranges) == [[800, 1000]], "the bytes of unknown source first")
+        s.wrote(800, 1000, by: 2)
+        let second = s.hashFailed()
+        #expect(second?.source == 1 && spans(second?.ranges) == [[0, 500]] && suspended(1), "then the largest share")
+        s.wrote(0, 500, by: 0)  // its share, from the others
+        let third = s.hashFailed()
+        #expect(third?.source == 0 && spans(third?.ranges) == [[0, 800]] && suspended(0) && !suspended(1))
+        s.wrote(0, 800, by: 1)
+        let fourth = s.hashFailed()
+        #expect(fourth?.source == 2 && spans(fourth?.ranges) == [[800, 1000]] && suspended(2))
+        let preVerifiedBefore = s.preVerified
+        #expect(preVerifiedBefore == nil)
+
+        // The hash matches with source 2's share fetched from the others: source 2 is named.
+        let digest = ExpectedDigest(source: "--checksum", algorithm: .sha256, bytes: Array(repeating: 7, count: 32))
+        let notice = s.hashMatched(digest)
+        #expect(notice?.contains("c/f") == true && s.sources.isRetired(2) && !suspended(2), "\(notice ?? "no notice")")
+        #expect(s.preVerified == digest && s.search == nil)
+        // Every source suspected once, none left: a new failure starts a new search.
+        let again = s.hashFailed()
+        #expect(again?.source == 1, "a new search")
+    }
+
+    /// A range's 206 before its body, as one event with no server: the round's first answer
+    /// learns the file, names its mirrors, decides on more connections and starts the tuner; a
+    /// dropped writer, a retired source and a disagreeing answer stop before anything changes.
+    @Test func aRangesAnswerIsDecidedBeforeItsBody() {
+        let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        let weak = Validators(etag: EntityTag("W/\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        func answer(_ s: inout RunState, source: Int = 0, total: Int64 = 100_000, validators: Validators? = nil,
+                    cursor: SegmentCursor? = nil, mirrors: [String] = []) -> RunState.RangeAnswered {
+            let c = cursor ?? s.cursor(0, start: 0, position: 0, end: nil)
+            if cursor == nil { s.writes(c) }
+            var a = RunState.RangeAnswer(cursor: c, at: 0, end: nil, total: total, validators: validators ?? strong, source: source,
+                                         connection: 0, digest: nil, latency: 0.01, mirrors: mirrors, connections: 4)
+            a.tuner = ConnectionTuner(threads: 2)
+            a.sample = .init(time: 1, cpu: 0, bytes: 0, connections: 0)
+            return s.rangeAnswered(a)
+        }
+
+        // The first answer of the URL given: the file, its mirror, four ranges, the tuner.
+        var s = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100)
+        s.newRound(connections: 4)
+        guard case .write(let w) = answer(&s, mirrors: ["http://m/f"]) else {
+            Issue.record("not written")
+            return
+        }
+        #expect(w.decided && w.openMore && w.preallocate == 100_000 && w.described && w.nameTarget && w.tuning)
+        #expect(s.record.totalLength == 100_000 && s.record.validators == strong && s.scheduler?.segments.count == 4)
+        #expect(s.sources.sources.map(\.url) == ["http://a/f", "http://m/f"], "the mirror the head names")
+        #expect(s.tuning && w.cursor.end.load(ordering: .relaxed) == 25_000, "its writer ends where its range does")
+        // A later answer decides nothing again.
+        guard case .write(let later) = answer(&s, cursor: w.cursor, mirrors: ["http://n/f"]) else {
+            Issue.record("not written")
+            return
+        }
+        #expect(!later.decided && !later.openMore && !later.described && !later.nameTarget && !later.tuning)
+        #expect(s.sources.sources.count == 2, "mirrors are taken from the first answer only")
+
+        // A weak validator (and no mirror): one connection, no tuner.
+        var one = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100)
+        one.newRound(connections: 4)
+        guard case .write(let alone) = answer(&one, validators: weak) else {
+            Issue.record("not written")
+            return
+        }
+        #expect(alone.decided && !alone.openMore && !alone.tuning && one.scheduler?.segments.count == 1)
+
+        // Stops: a writer dropped for a whole response, a retired source, a length that is not the file's.
+        var dropped = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100)
+        dropped.fetchAlone(1)
+        let stale = dropped.cursor(0, start: 0, position: 0, end: nil)
+        if case .stop(.nothingToRead) = answer(&dropped, cursor: stale) {} else { Issue.record("a dropped writer wrote") }
+        #expect(dropped.record.totalLength == nil, "nothing learnt from it")
+        var several = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+                               sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
+        several.newRound(connections: 2)
+        _ = answer(&several)
+        let other = answer(&several, source: 1, total: 99_999)
+        if case .stop(.rejected(let why, _)) = other { #expect(why.contains("99999")) } else { Issue.record("\(other)") }
+        var unproven = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+                                sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
+        unproven.describe { $0.totalLength = 100_000 }
+        let changed = answer(&unproven, source: 1, total: 99_999)
+        if case .changed = changed {} else { Issue.record("no other source answered, yet \(changed)") }
+        _ = several.reject(1, why: "gone")
+        let retired = answer(&several, source: 1)
+        if case .stop(.rejected("it was retired", _)) = retired {} else { Issue.record("\(retired)") }
+    }
 }

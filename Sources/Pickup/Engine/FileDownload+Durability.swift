@@ -31,7 +31,7 @@ extension FileDownload {
     /// Waits for a checkpoint in flight. On the blocking-I/O pool.
     func checkpointNow() throws {
         try ioLock.withLock {
-            if lock.withLock({ foreign != nil }) { return }  // (nothing of ours here yet)
+            if lock.withLock({ state.foreign != nil }) { return }  // (nothing of ours here yet)
             let (action, file) = lock.withLock { () -> (Checkpoints.Action, PartialFile?) in
                 (state.checkpoint(), self.file)
             }
@@ -86,7 +86,7 @@ extension FileDownload {
             try file.truncate(to: 0)
             let action = lock.withLock { state.restarted(reset) }
             try perform(action, file: nil)
-            let (mapped, epoch) = lock.withLock { (self.cursorFile, self.record.epoch ?? 0) }
+            let (mapped, epoch) = lock.withLock { (state.cursorFile, self.record.epoch ?? 0) }
             mapped?.reset(epoch: epoch)
         }
     }
@@ -106,9 +106,9 @@ extension FileDownload {
     /// ``Checkpoints/smallFile``); resumed downloads map it when they start. On the response
     /// head's `BlockingIO` thread, before its body is written, not with `lock` held.
     func mapCursorsIfLarge(total: Int64?) {
-        guard options.cursorFile, (total ?? .max) > Checkpoints.smallFile, lock.withLock({ cursorFile == nil }) else { return }
+        guard options.cursorFile, (total ?? .max) > Checkpoints.smallFile, lock.withLock({ state.cursorFile == nil }) else { return }
         guard let mapped = CursorFile.open(cursorName, in: dir) else { return }
         mapped.reset(epoch: lock.withLock { record.epoch ?? 0 })
-        lock.withLock { if cursorFile == nil { cursorFile = mapped } }
+        lock.withLock { state.mapped(mapped) }
     }
 }

@@ -11,7 +11,7 @@ extension FileDownload {
     func chooseTarget(head: ResponseHead?) throws {
         let raw: String
         if let fixed = fixedName {
-            if !request.overwrite, !fixedTargetIsOurs, dir.exists(fixed) { throw PickupError.targetExists(dir.pathOf(fixed).string) }
+            if !request.overwrite, !state.targetIsOurs, dir.exists(fixed) { throw PickupError.targetExists(dir.pathOf(fixed).string) }
             raw = fixed
         } else {
             let suggested = head?["Content-Disposition"].flatMap(ContentDisposition.filename).flatMap(SafeFileName.sanitize)
@@ -74,7 +74,7 @@ extension FileDownload {
         try perform(action, file: nil)
         let rec = lock.withLock { record }
         var verified: ExpectedDigest? = nil
-        let checked = lock.withLock { preVerified }
+        let checked = lock.withLock { state.preVerified }
         for expected in [request.checksum, rec.serverDigest].compactMap({ $0 }) {
             let actual = expected == checked ? expected.bytes : try Self.digest(of: file, algorithm: expected.algorithm)
             guard actual == expected.bytes else {
@@ -96,7 +96,7 @@ extension FileDownload {
             try? file.truncate(to: 0)
             dir.remove(partialName)
             if lock.withLock({ state.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
-            if lock.withLock({ cursorFile != nil }) { dir.remove(cursorName) }
+            if lock.withLock({ state.cursorFile != nil }) { dir.remove(cursorName) }
             dir.sync()
             return (path, size, verified)
         }
@@ -129,7 +129,7 @@ extension FileDownload {
             encoded = store.attach(completion, to: file)
         }
         if lock.withLock({ state.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
-        if lock.withLock({ cursorFile != nil }) { dir.remove(cursorName) }
+        if lock.withLock({ state.cursorFile != nil }) { dir.remove(cursorName) }
         dir.sync()
         store.index(encoded, url: completion.url, directory: directory)
         return (dir.pathOf(name), size, verified)

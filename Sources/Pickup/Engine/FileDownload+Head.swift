@@ -18,61 +18,40 @@ extension FileDownload {
         switch decision {
         case .append(let at, let end, let total, let validators):
             mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })
-            var more: AsyncStream<Void>.Continuation? = nil
-            var openMore = false, soon = false
-            var preallocate: (PartialFile, Int64)? = nil
-            let result = try lock.withLock { () throws -> (SegmentCursor, Int64, Int64?)? in
-                state.answered(after: latency)
-                guard let file else { return nil }
-                if state.isDropped(cursor) { throw SinkStopped(.nothingToRead) }
-                // A source retired meanwhile (by another connection) writes nothing more.
-                if state.sources.isRetired(source) { throw SinkStopped(.rejected(reason: "it was retired")) }
-                if state.sources.several, let why = disagreement(source: source, total: total, validators: validators) {
-                    if state.sources.canReject(source) { throw SinkStopped(.rejected(reason: why)) }
-                    throw RepresentationChanged(reason: why)
-                }
-                if context.validators?.ifRange != nil { state.heldBytesConfirmed() }
-                if source == 0, record.validators == nil {
-                    // Metalink/HTTP (RFC 6249): the first answer names the file's mirrors.
-                    for m in LinkHeader.duplicates(head.values("Link")) {
-                        state.addMirror(m.url, connections: options.connections)
-                    }
-                }
-                var cursor = cursor
-                if let mapped = cursorFile, !cursor.isMapped {
-                    // From now on this range's progress is kept in the cursor file.
-                    cursor = SegmentCursor(segment: cursor.segment, start: cursor.start,
-                                           position: cursor.position.load(ordering: .relaxed),
-                                           end: cursor.end.load(ordering: .relaxed), in: mapped)
-                    state.writes(cursor)
-                }
-                let decided = state.partialResponse(segment: cursor.segment, at: at, end: end, total: total, validators: validators,
-                                                    source: source, connection: connection, digest: Self.serverDigest(head),
-                                                    connections: state.connectionsAllowed(options.connections))
-                let first = decided.described
-                state.lowerEnd(of: cursor)
-                // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
-                if let total = decided.decidedTotal {
-                    if options.preallocate { preallocate = (file, total) }
-                    if let running = decided.running, running > 1 {
-                        if options.adaptiveConnections, state.tuner == nil {
-                            var tuner = ConnectionTuner(threads: options.transportThreads)
-                            if let share = options.tunerKeepShare { tuner.keepShare = share }
-                            state.startTuning(tuner, with: tunerSample(connections: running))
-                            monitor.sampleOften()
-                        }
-                        openMore = true
-                    }
-                    more = moreConnections
-                }
-                if first || context.conditional {
-                    if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                    soon = state.wantsStoreSoon
-                }
-                return (cursor, at, end)
+            var answer = RunState.RangeAnswer(cursor: cursor, at: at, end: end, total: total, validators: validators, source: source,
+                                              connection: connection, digest: Self.serverDigest(head), latency: latency,
+                                              confirming: context.validators?.ifRange != nil, conditional: context.conditional,
+                                              mirrors: source == 0 ? LinkHeader.duplicates(head.values("Link")).map(\.url) : [],
+                                              connections: options.connections)
+            if options.adaptiveConnections {
+                var tuner = ConnectionTuner(threads: options.transportThreads)
+                if let share = options.tunerKeepShare { tuner.keepShare = share }
+                answer.tuner = tuner
             }
+            var more: AsyncStream<Void>.Continuation? = nil
+            var soon = false
+            var preallocate: (PartialFile, Int64)? = nil
+            let (writing, result) = try lock.withLock { () throws -> (RunState.Writing?, (SegmentCursor, Int64, Int64?)?) in
+                guard let file else {
+                    state.answered(after: latency)
+                    return (nil, nil)
+                }
+                if answer.tuner != nil, state.tuner == nil { answer.sample = tunerSample() }  // (a tuner yet to start)
+                switch state.rangeAnswered(answer) {
+                case .stop(let why): throw SinkStopped(why)
+                case .changed(let why): throw RepresentationChanged(reason: why)
+                case .write(let w):
+                    if let total = w.preallocate, options.preallocate { preallocate = (file, total) }
+                    // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
+                    if w.decided { more = moreConnections }
+                    if w.nameTarget { try chooseTarget(head: head) }
+                    if w.described || context.conditional { soon = state.wantsStoreSoon }
+                    return (w, (w.cursor, at, end))
+                }
+            }
+            if writing?.tuning == true { monitor.sampleOften() }
             if let (file, total) = preallocate, try file.size() < total { try file.preallocate(total) }
-            if openMore { more?.yield() }
+            if writing?.openMore == true { more?.yield() }
             more?.finish()
             if soon { storeBeforeFirstByte() }
             return result
@@ -118,7 +97,7 @@ extension FileDownload {
             let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
                 state.answered(after: latency)
                 if let total { state.lengthKnown(total, claiming: 0, by: connection) }
-                let fresh = SegmentCursor(segment: 0, start: 0, position: 0, end: total, in: cursorFile)
+                let fresh = state.cursor(0, start: 0, position: 0, end: total)
                 state.writes(fresh)
                 if record.target == nil || context.conditional { try chooseTarget(head: head) }
                 return (fresh, moreConnections, state.wantsStoreSoon)
@@ -153,18 +132,6 @@ extension FileDownload {
         }
         if !notice.isEmpty { onEvent(.notice(notice)) }  // (empty: another connection retired it)
         throw SinkStopped(.rejected(reason: why))
-    }
-
-    /// Why a 206 from `source` cannot be part of this file when there are several sources: another
-    /// complete length, or validators that differ from that source's earlier answers. With `lock` held.
-    func disagreement(source: Int, total: Int64?, validators: Validators) -> String? {
-        if let known = record.totalLength, let total, known != total {
-            return "its length (\(total)) is not the file's (\(known))"
-        }
-        if let held = record.validators(of: source), !held.consistent(with: validators) {
-            return "its validators changed (its file changed?)"
-        }
-        return nil
     }
 
     enum Stop { case stopped, stale, timedOut }

@@ -21,13 +21,13 @@ final class DocumentSink: ResponseSink, @unchecked Sendable {
 
 extension FileDownload {
     /// This URL answered with a file after all: another URL's partial download at the path
-    /// (``foreign``) goes, said so, before a byte of this one is written or the file finished.
+    /// (``RunState/foreign``) goes, said so, before a byte of this one is written or the file finished.
     func discardForeign() {
-        guard let why = lock.withLock({ foreign }) else { return }
+        guard let why = lock.withLock({ state.foreign }) else { return }
         onEvent(.notice(why))
         ioLock.withLock {
             discardAll()
-            lock.withLock { foreign = nil }
+            lock.withLock { state.foreignDiscarded() }
         }
     }
 

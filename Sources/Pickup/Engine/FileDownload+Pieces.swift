@@ -131,81 +131,31 @@ extension FileDownload {
         try ioLock.withLock {
             let action = lock.withLock { state.reopen(ranges) }
             try perform(action, file: nil)
-            let (mapped, epoch) = lock.withLock { (cursorFile, record.epoch ?? 0) }
+            let (mapped, epoch) = lock.withLock { (state.cursorFile, record.epoch ?? 0) }
             mapped?.reset(epoch: epoch)
         }
     }
 }
 
 extension FileDownload {
-    /// Where the search for a source whose bytes break the whole-file hash stands.
-    struct BadSourceSearch {
-        /// Sources to suspect in turn (the largest share first); nil until every byte's source is
-        /// known (a first round fetches the bytes of unknown source again).
-        var suspects: [Int]?
-        /// What each source wrote in this run, over the search's rounds (a round forgets the
-        /// writers of the bytes it fetches again; their earlier shares stay suspect).
-        var written: [Int: [(start: Int64, end: Int64)]] = [:]
-        /// The one suspended now.
-        var current: Int?
-        /// Those suspected already (a source that first writes while another's share is fetched
-        /// again joins the end of the line).
-        var tried: Set<Int> = []
-    }
-
     /// With several sources and a whole-file hash (``DownloadRequest/checksum`` or the server's
     /// digest), checks the file once every byte is held; returns true when it matches or there is
     /// nothing to search. On a mismatch the sources that wrote bytes in this run are suspected in
     /// turn, the largest share first: the suspect is suspended, what it wrote is no longer held,
     /// and the next round fetches it from the others. The first round after which the hash
     /// matches names the bad source (rejected, and remembered in the control file). Without
-    /// piece hashes this costs one share per suspect, not the whole file. On the blocking-I/O pool.
+    /// piece hashes this costs one share per suspect, not the whole file (the decisions:
+    /// ``RunState/hashMatched(_:)`` and ``RunState/hashFailed()``). On the blocking-I/O pool.
     func searchForTheBadSource(file: PartialFile) throws -> Bool {
         guard let expected = lock.withLock({ state.sources.several ? request.checksum ?? record.serverDigest : nil }) else {
             return true
         }
         try checkpointNow()
         if try Self.digest(of: file, algorithm: expected.algorithm) == expected.bytes {
-            let notice = lock.withLock { () -> String? in
-                preVerified = expected
-                defer { search = nil }
-                guard let bad = search?.current else { return nil }
-                let url = DownloadURL.redacted(state.sources.sources[bad].url)
-                state.suspend(nil)
-                let notice = state.reject(bad, why: "its bytes did not match the \(expected.algorithm.rawValue) hash; its share was fetched from the others")
-                return notice ?? "mirror \(url) sent bytes that do not match the \(expected.algorithm.rawValue) hash"
-            }
-            if let notice { onEvent(.notice(notice)) }
+            if let notice = lock.withLock({ state.hashMatched(expected) }) { onEvent(.notice(notice)) }
             return true
         }
-        let next = lock.withLock { () -> (source: Int, ranges: [(start: Int64, end: Int64)])? in
-            var s = search ?? BadSourceSearch(suspects: nil, current: nil)
-            state.suspend(nil)
-            if s.suspects == nil {
-                let unknown = state.unattributed(total: record.totalLength ?? 0)
-                if search == nil, !unknown.isEmpty {
-                    // First the bytes whose source is not known, from whichever sources.
-                    search = s
-                    return (-1, unknown)
-                }
-                s.suspects = []
-            }
-            for w in state.writersByShare where !s.tried.contains(w) && s.suspects?.contains(w) == false { s.suspects?.append(w) }
-            for source in state.sources.sources.indices {
-                s.written[source] = RunState.merged((s.written[source] ?? []) + state.written(by: source))
-            }
-            // A suspect whose share another live source can fetch.
-            guard let i = s.suspects?.firstIndex(where: { c in state.sources.live.contains { $0 != c } }) else {
-                search = s
-                return nil
-            }
-            let source = s.suspects!.remove(at: i)
-            s.tried.insert(source)
-            s.current = source
-            search = s
-            state.suspend(source)
-            return (source, s.written[source] ?? [])
-        }
+        let next = lock.withLock { state.hashFailed() }
         // Nothing left to suspect: the finish says the hash failed.
         guard let next else { return true }
         let bytes = next.ranges.reduce(Int64(0)) { sum, r in

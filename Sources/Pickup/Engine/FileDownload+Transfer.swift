@@ -154,8 +154,7 @@ extension FileDownload {
     func firstCursor() -> SegmentCursor {
         lock.withLock {
             let first = state.firstRange()
-            let cursor = SegmentCursor(segment: first.index, start: first.start, position: first.start + first.done, end: first.end,
-                                       in: cursorFile)
+            let cursor = state.cursor(first.index, start: first.start, position: first.start + first.done, end: first.end)
             state.writes(cursor)
             return cursor
         }
@@ -170,7 +169,7 @@ extension FileDownload {
             guard let a = state.assign(id, unownedOnly: unownedOnly, writers: state.writers(now: now), now: now,
                                        connections: options.connections)
             else { return nil }
-            let cursor = SegmentCursor(segment: a.segment, start: a.start, position: a.next, end: a.end, in: cursorFile)
+            let cursor = state.cursor(a.segment, start: a.start, position: a.next, end: a.end)
             state.writes(cursor)
             return cursor
         }

@@ -35,20 +35,20 @@ final class FileDownload: @unchecked Sendable {
     /// the blocking-I/O pool), so that they happen one at a time and in order. The data path never
     /// takes it; a thread holding it takes `lock` only briefly, never the other way round.
     let ioLock = NIOLock()
-    // Guarded by `lock`.
-    /// The run's state machine: the control record and what is on disk, the ranges, what the
-    /// run has observed (``RunState``).
+    // Guarded by `lock`: the run's state and two handles of the I/O edge, nothing else.
+    /// The run's state machine: every mutable fact of the run (the control record and what is on
+    /// disk, the ranges, the sources, the writers, the tuner, the search for a bad source, the
+    /// cookies), changed only by its named events (``RunState``).
     var state: RunState
     /// The record (``RunState/record``).
     var record: ControlRecord { state.record }
+    /// The partial file, open and locked for the run.
     var file: PartialFile?
-    /// The mapped cursors of this run, once the download is large enough to keep them.
-    var cursorFile: CursorFile?
+    /// Told when the first response allows more connections.
+    var moreConnections: AsyncStream<Void>.Continuation?
 
     /// The URL given after redirects (``SourceSet`` keeps where each source leads). With `lock` held.
     var resolvedURL: String { state.sources.url(0) }
-    /// Told when the first response allows more connections.
-    var moreConnections: AsyncStream<Void>.Continuation?
     /// While shed to one connection (``ConnectionTuner``), the others wait here.
     let restore = Gate()
     /// While the tuner tries one connection, that connection (-1: none): every other one reads
@@ -60,8 +60,6 @@ final class FileDownload: @unchecked Sendable {
     let trialBytes = ManagedAtomic<Int64>(0)
     /// The user's header fields (with the URL's credentials as `Authorization`), for every request.
     let userHeaders: [RequestHeader]
-    /// Cookies: the user's, and those servers set along the way (this run only).
-    var jar: [Cookie]
     /// A checkpoint is queued or running on the blocking-I/O pool.
     let checkpointQueued = ManagedAtomic(false)
     /// An fsync of the partial file failed: the kernel may have dropped the bytes it could not
@@ -69,22 +67,10 @@ final class FileDownload: @unchecked Sendable {
     /// checkpoint may ever be claimed. The run ends with this error (exit 6), keeping what was
     /// durable before.
     let syncFailure = NIOLockedValueBox<PickupError?>(nil)
-    /// The search for a source whose bytes break the whole-file hash, while one runs.
-    var search: BadSourceSearch?
-    /// A whole-file hash already checked against every byte held (the finish need not read them again).
-    var preVerified: ExpectedDigest?
     /// A write-behind is queued or running on the pool.
     let writeBehindQueued = ManagedAtomic(false)
-    /// Why the partial download at this path, another URL's, is to be discarded once this URL
-    /// answers with a file (nil: the path is this download's). Until then nothing here writes,
-    /// stores or removes a thing at the path (see ``Recovery/Decision/anotherURL(_:)``).
-    var foreign: String?
     /// A check of completed pieces is queued or running.
     let piecesQueued = ManagedAtomic(false)
-    /// The file already at a fixed name (`-o NAME`) when the run started is this URL's finished
-    /// download (its completion record says so): a new version may go beside it as today
-    /// (``chooseTarget(head:)``). Any other file there is never replaced nor renamed around.
-    var fixedTargetIsOurs = false
 
     /// Connection `i` of this download asks for ``FetchRequest/lane`` `laneBase + i`: each keeps
     /// its own thread and socket from range to range, and downloads at once spread over the threads.
@@ -111,9 +97,9 @@ final class FileDownload: @unchecked Sendable {
         cursorName = Self.cursorName(control: controlName)
         dir = try DirectoryHandle.open(directory, under: request.root, create: true)
         userHeaders = RequestOptions.userHeaders(request.options.headers, for: request.url)
-        jar = request.options.cookies
         state = RunState(record: Self.emptyRecord(url: request.url), minSplit: options.minSplitSize,
-                         sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections))
+                         sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections),
+                         cookies: request.options.cookies)
     }
 
     /// The cursor file's name beside the control file `control`.
@@ -270,7 +256,7 @@ final class FileDownload: @unchecked Sendable {
     func checkFixedTarget() throws(PickupError) {
         guard let name = fixedName, !request.overwrite, dir.exists(name) else { return }
         if store.lookup(url: request.url, in: dir, name: name, versions: false) != nil {
-            lock.withLock { fixedTargetIsOurs = true }
+            lock.withLock { state.fixedTargetIsOurs() }
             return
         }
         // A file Pickup finished from another URL, where this URL may answer with a Metalink
@@ -308,7 +294,7 @@ final class FileDownload: @unchecked Sendable {
         case .anotherURL(let why) where request.followMetalink:
             // Left as it is until this URL answers: a Metalink document (a rerun of `get URL`
             // whose files are named as this path is) writes nothing here; a file discards it first.
-            lock.withLock { foreign = why }
+            lock.withLock { state.foundForeign(why) }
             return false
         case .startOver(let why), .anotherURL(let why):
             onEvent(.notice(why))
@@ -323,7 +309,7 @@ final class FileDownload: @unchecked Sendable {
         // What the slots held is in the control file now: they start again for this run.
         let now = lock.withLock { self.record }
         mapped?.reset(epoch: now.epoch ?? 0)
-        lock.withLock { cursorFile = mapped }
+        if let mapped { lock.withLock { state.mapped(mapped) } }
         let heldNow = now.durableBytes
         if heldNow > 0 {
             let total = now.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
@@ -359,7 +345,7 @@ final class FileDownload: @unchecked Sendable {
     /// A mirror's own credentials (in its URL) go to its origin only.
     func userFields(for url: String, source: Int = 0) -> HTTPFields {
         var fields = lock.withLock {
-            RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: jar, now: Clock.wallSeconds())
+            RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: state.jar, now: Clock.wallSeconds())
         }
         if source > 0, let given = lock.withLock({ state.sources.sources[source].url }) as String?,
             Origin(url) == Origin(given), let basic = RequestOptions.credentials(in: given),
@@ -375,13 +361,13 @@ final class FileDownload: @unchecked Sendable {
     func keepCookies(from head: ResponseHead, url: String) {
         let values = head.fields[values: .setCookie]
         guard !values.isEmpty else { return }
-        lock.withLock { Cookie.keep(values, from: url, in: &jar, now: Clock.wallSeconds()) }
+        lock.withLock { state.keepCookies(values, from: url, now: Clock.wallSeconds()) }
     }
 
     /// Removes the partial file and its helpers when they hold nothing. On the blocking-I/O pool.
     func discardPartialIfEmpty(evenIfHeld: Bool = false) {
         ioLock.withLock {
-            if lock.withLock({ foreign != nil }) { return }  // (another URL's, not ours to remove)
+            if lock.withLock({ state.foreign != nil }) { return }  // (another URL's, not ours to remove)
             if evenIfHeld || lock.withLock({ state.heldBytes }) == 0 {
                 removeControlFile()
                 dir.remove(partialName)

@@ -144,8 +144,9 @@ struct RunState {
         return true
     }
 
-    init(record: ControlRecord, minSplit: Int64, sources: SourceSet? = nil) {
+    init(record: ControlRecord, minSplit: Int64, sources: SourceSet? = nil, cookies: [Cookie] = []) {
         checkpoints = Checkpoints(record: record)
+        jar = cookies
         self.minSplit = minSplit
         self.sources = sources ?? SourceSet(urls: [record.url], connections: 1)
         alignMirrors()
@@ -824,6 +825,18 @@ struct RunState {
     /// file's check, a Metalink answer).
     private(set) var endedEarly: Transferred?
 
+    /// The mapped cursor file of this run, once the download is large enough to keep one: where
+    /// new cursors keep their positions (``cursor(_:start:position:end:)``).
+    private(set) var cursorFile: CursorFile?
+
+    /// The cursor file is mapped (once a run; a later mapping is not used).
+    mutating func mapped(_ file: CursorFile) { if cursorFile == nil { cursorFile = file } }
+
+    /// A cursor for range `segment`, its position kept in the cursor file when there is one.
+    func cursor(_ segment: Int, start: Int64, position: Int64, end: Int64?) -> SegmentCursor {
+        SegmentCursor(segment: segment, start: start, position: position, end: end, in: cursorFile)
+    }
+
     /// `cursor` writes its range from now on (a range given, the first range, a cursor moved
     /// into the cursor file): its end follows the range's.
     mutating func writes(_ cursor: SegmentCursor) {
@@ -893,6 +906,215 @@ struct RunState {
         record.segments.indices.reduce(0) { sum, i in
             sum + max(record.segments[i].done, cursors[i]?.written ?? 0)
         }
+    }
+
+    // MARK: - Cookies
+
+    /// Cookies: the user's, and those servers set along the way (this run only).
+    private(set) var jar: [Cookie]
+
+    /// A response to `url` set cookies (`values`, its `Set-Cookie` fields): kept for the rest of the run.
+    mutating func keepCookies(_ values: [String], from url: String, now: Int64) { Cookie.keep(values, from: url, in: &jar, now: now) }
+
+    // MARK: - The path
+
+    /// Why the partial download at this path, another URL's, is to be discarded once this URL
+    /// answers with a file (nil: the path is this download's). Until then nothing here writes,
+    /// stores or removes a thing at the path (``Recovery/Decision/anotherURL(_:)``).
+    private(set) var foreign: String?
+    /// The file already at a fixed name (`-o NAME`) when the run started is this URL's finished
+    /// download (its completion record says so): a new version may go beside it. Any other file
+    /// there is never replaced nor renamed around.
+    private(set) var targetIsOurs = false
+
+    /// The partial download at the path is another URL's (`why`), left as it is until this URL answers.
+    mutating func foundForeign(_ why: String) { foreign = why }
+    /// It was discarded: the path is this download's.
+    mutating func foreignDiscarded() { foreign = nil }
+    /// The file at the fixed name is this URL's finished download.
+    mutating func fixedTargetIsOurs() { targetIsOurs = true }
+
+    // MARK: - A range's answer
+
+    /// A valid 206 to a range (``ResponseDecision/append(at:end:total:validators:)``), as the
+    /// response head's thread hands it in, before a byte of its body is written.
+    struct RangeAnswer {
+        /// The writer that asked.
+        var cursor: SegmentCursor
+        var at: Int64
+        var end: Int64?
+        var total: Int64?
+        var validators: Validators
+        var source: Int
+        var connection: Int
+        var digest: ExpectedDigest?
+        /// Seconds from the request to this head.
+        var latency: Double
+        /// The request carried `If-Range`: this answer confirms the bytes held.
+        var confirming = false
+        /// The request asked about a finished file: the target is chosen again.
+        var conditional = false
+        /// The mirrors the head names (`Link: rel=duplicate`), taken from the first answer of the URL given.
+        var mirrors: [String] = []
+        /// The connections the options want.
+        var connections: Int
+        /// A tuner to start if this answer opens more connections (adaptive connections), and
+        /// the sample of now (its connections are set here).
+        var tuner: ConnectionTuner? = nil
+        var sample = ConnectionTuner.Sample(time: 0, cpu: 0, bytes: 0, connections: 0)
+    }
+
+    /// What a range's answer comes to.
+    enum RangeAnswered {
+        /// Its body is not read (its range was dropped, its source retired or refused).
+        case stop(SinkStop)
+        /// It disagrees with the others and none can be refused: the file changed.
+        case changed(String)
+        /// Its body is written through `cursor` (moved into the cursor file if it was not there).
+        case write(Writing)
+    }
+
+    /// What the engine does before the body of a range's answer is written.
+    struct Writing {
+        var cursor: SegmentCursor
+        /// This answer decided on the connections: wake the run (and open more when `openMore`).
+        var decided = false
+        var openMore = false
+        /// The file's complete length, to preallocate, when this answer decided.
+        var preallocate: Int64?
+        /// The tuner started: the monitor samples often.
+        var tuning = false
+        /// The record's description changed (the control file is stored before the body when there is none).
+        var described = false
+        /// The target is to be chosen now (from the head: the first description, or a finished file's check).
+        var nameTarget = false
+    }
+
+    /// A valid 206 to a range: dropped, retired and disagreeing answers stop before anything
+    /// changes; else the held bytes are confirmed (`If-Range`), the URL given's first answer
+    /// names its mirrors, the writer moves into the cursor file, the record and the ranges learn
+    /// the answer (``partialResponse(segment:at:end:total:validators:source:connection:digest:connections:)``),
+    /// and the round's first answer decides on more connections and the tuner.
+    mutating func rangeAnswered(_ a: RangeAnswer) -> RangeAnswered {
+        answered(after: a.latency)
+        if isDropped(a.cursor) { return .stop(.nothingToRead) }
+        // A source retired meanwhile (by another connection) writes nothing more.
+        if sources.isRetired(a.source) { return .stop(.rejected(reason: "it was retired")) }
+        if sources.several, let why = disagreement(source: a.source, total: a.total, validators: a.validators) {
+            return sources.canReject(a.source) ? .stop(.rejected(reason: why)) : .changed(why)
+        }
+        if a.confirming { heldBytesConfirmed() }
+        // Metalink/HTTP (RFC 6249): the first answer names the file's mirrors.
+        if a.source == 0, record.validators == nil {
+            for m in a.mirrors { addMirror(m, connections: a.connections) }
+        }
+        var cursor = a.cursor
+        if cursorFile != nil, !cursor.isMapped {
+            // From now on this range's progress is kept in the cursor file.
+            cursor = self.cursor(cursor.segment, start: cursor.start, position: cursor.position.load(ordering: .relaxed),
+                                 end: cursor.end.load(ordering: .relaxed))
+            writes(cursor)
+        }
+        let decided = partialResponse(segment: cursor.segment, at: a.at, end: a.end, total: a.total, validators: a.validators,
+                                      source: a.source, connection: a.connection, digest: a.digest,
+                                      connections: connectionsAllowed(a.connections))
+        lowerEnd(of: cursor)
+        var w = Writing(cursor: cursor, described: decided.described)
+        if let total = decided.decidedTotal {
+            w.decided = true
+            w.preallocate = total
+            if let running = decided.running, running > 1 {
+                if let t = a.tuner, tuner == nil {
+                    var sample = a.sample
+                    sample.connections = running
+                    startTuning(t, with: sample)
+                    w.tuning = true
+                }
+                w.openMore = true
+            }
+        }
+        w.nameTarget = (decided.described || a.conditional) && (record.target == nil || a.conditional)
+        return .write(w)
+    }
+
+    /// Why a 206 from `source` cannot be part of this file when there are several sources: another
+    /// complete length, or validators that differ from that source's earlier answers.
+    func disagreement(source: Int, total: Int64?, validators: Validators) -> String? {
+        if let known = record.totalLength, let total, known != total {
+            return "its length (\(total)) is not the file's (\(known))"
+        }
+        if let held = record.validators(of: source), !held.consistent(with: validators) {
+            return "its validators changed (its file changed?)"
+        }
+        return nil
+    }
+
+    // MARK: - The search for a bad source
+
+    /// Where the search for a source whose bytes break the whole-file hash stands
+    /// (``FileDownload/searchForTheBadSource(file:)``).
+    struct BadSourceSearch {
+        /// Sources to suspect in turn (the largest share first); nil until every byte's source is
+        /// known (a first round fetches the bytes of unknown source again).
+        var suspects: [Int]?
+        /// What each source wrote in this run, over the search's rounds (a round forgets the
+        /// writers of the bytes it fetches again; their earlier shares stay suspect).
+        var written: [Int: [(start: Int64, end: Int64)]] = [:]
+        /// The one suspended now.
+        var current: Int?
+        /// Those suspected already (a source that first writes while another's share is fetched
+        /// again joins the end of the line).
+        var tried: Set<Int> = []
+    }
+
+    /// The search, while one runs.
+    private(set) var search: BadSourceSearch?
+    /// A whole-file hash already checked against every byte held (the finish need not read them again).
+    private(set) var preVerified: ExpectedDigest?
+
+    /// Every byte held matched the whole-file hash `expected`: the finish need not read them again,
+    /// and a search ends by naming the source it suspended last (rejected). The notice to show, if any.
+    mutating func hashMatched(_ expected: ExpectedDigest) -> String? {
+        preVerified = expected
+        defer { search = nil }
+        guard let bad = search?.current else { return nil }
+        let url = DownloadURL.redacted(sources.sources[bad].url)
+        suspend(nil)
+        let notice = reject(bad, why: "its bytes did not match the \(expected.algorithm.rawValue) hash; its share was fetched from the others")
+        return notice ?? "mirror \(url) sent bytes that do not match the \(expected.algorithm.rawValue) hash"
+    }
+
+    /// Every byte held failed the whole-file hash: what to fetch again, from the other sources.
+    /// First (source -1) the bytes whose source is not known (written before a kill); then, one
+    /// round each, the share of every source that wrote in this run, the largest first, that
+    /// source suspended meanwhile (a source that first writes during the search joins the end of
+    /// the line). Nil when no suspect is left whose share another live source can fetch.
+    mutating func hashFailed() -> (source: Int, ranges: [(start: Int64, end: Int64)])? {
+        var s = search ?? BadSourceSearch(suspects: nil, current: nil)
+        suspend(nil)
+        if s.suspects == nil {
+            let unknown = unattributed(total: record.totalLength ?? 0)
+            if search == nil, !unknown.isEmpty {
+                search = s
+                return (-1, unknown)
+            }
+            s.suspects = []
+        }
+        for w in writersByShare where !s.tried.contains(w) && s.suspects?.contains(w) == false { s.suspects?.append(w) }
+        for source in sources.sources.indices {
+            s.written[source] = Self.merged((s.written[source] ?? []) + written(by: source))
+        }
+        // A suspect whose share another live source can fetch.
+        guard let i = s.suspects?.firstIndex(where: { c in sources.live.contains { $0 != c } }) else {
+            search = s
+            return nil
+        }
+        let source = s.suspects!.remove(at: i)
+        s.tried.insert(source)
+        s.current = source
+        search = s
+        suspend(source)
+        return (source, s.written[source] ?? [])
     }
 
     // MARK: - The connection tuner
