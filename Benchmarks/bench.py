@@ -276,6 +276,20 @@ def main():
     args = ap.parse_args()
     if not os.path.exists(args.pickup):
         raise SystemExit("build first: swift build -c release")
+    args.products = os.path.dirname(os.path.abspath(args.pickup))
+    # Pickup (and the baseline) run from fresh copies on the disk, as an installed binary does
+    # (`install`, `cp`): how a binary's pages came into the page cache changes its peak RSS. The
+    # same binary peaked 1.6 MiB higher as a copy than where the linker had written it, and a
+    # baseline copied to /tmp 2-3 MiB higher than pickup in .build (2026-11-29): copies both.
+    installed = os.path.join(args.disk_dir, "bin")
+    os.makedirs(installed, exist_ok=True)
+    for attr, name in (("pickup", "pickup"), ("baseline", "pickup-before")):
+        if getattr(args, attr):
+            copy = os.path.join(installed, name)
+            if os.path.exists(copy):
+                os.remove(copy)
+            shutil.copy2(getattr(args, attr), copy)
+            setattr(args, attr, copy)
     schemes = args.scheme.split(",")
     if not schemes or set(schemes) - {"http", "https", "h2"}:
         raise SystemExit(f"--scheme: https, http, h2 or several, not {args.scheme}")
@@ -742,7 +756,7 @@ def batch_case(args, work, site, outdirs, origins, ca, accepts, count=400, size=
 
 
 def queue_case(args):
-    bench = os.path.join(os.path.dirname(args.pickup), "pickup-queue-bench")
+    bench = os.path.join(args.products, "pickup-queue-bench")
     if not os.path.exists(bench):
         print("\n(queue case skipped: build pickup-queue-bench with swift build -c release)")
         return
