@@ -42,7 +42,9 @@ struct ConnectionTuner: Sendable, Equatable {
 
     enum Phase: Sendable, Equatable {
         /// The connections are opening (connects, TLS handshakes: CPU that says nothing of the
-        /// transfer): the first window is skipped.
+        /// transfer): the first window is skipped, and every one after it until all the
+        /// connections of the first sample bring bytes (on a loaded machine they can take a
+        /// while, and a speed measured over their opening would make one connection look fast).
         case warmup
         /// Several connections run; looking for a CPU-bound window.
         case watching
@@ -80,6 +82,8 @@ struct ConnectionTuner: Sendable, Equatable {
     private var watchStart: Sample?
     /// Busy windows in a row so far.
     private var busyInARow = 0
+    /// The connections of the first sample: the warmup lasts until as many bring bytes.
+    private var planned = 0
     /// The connections that ran when it shed (nil: it has not).
     private(set) var shedFrom: Int?
 
@@ -91,7 +95,10 @@ struct ConnectionTuner: Sendable, Equatable {
     mutating func add(_ s: Sample) -> Action? {
         guard let previous = last else {
             // Only a window in which several connections ran from its start can say anything.
-            if s.connections > 1 { last = s }
+            if s.connections > 1 {
+                last = s
+                planned = s.connections
+            }
             return nil
         }
         let window = s.time - previous.time
@@ -100,6 +107,7 @@ struct ConnectionTuner: Sendable, Equatable {
         let rate = Double(s.bytes - previous.bytes) / window
         switch phase {
         case .warmup:
+            guard s.connections >= planned else { return nil }
             phase = .watching
             watchStart = s
             return nil

@@ -36,7 +36,8 @@ extension FileDownload {
                     state.answered(after: latency)
                     return (nil, nil)
                 }
-                if answer.tuner != nil, state.tuner == nil { answer.sample = tunerSample() }  // (a tuner yet to start)
+                // (A tuner yet to start, by an answer that may decide: getrusage only then.)
+                if answer.tuner != nil, state.tuner == nil, !state.connectionsDecided { answer.sample = tunerSample() }
                 switch state.rangeAnswered(answer) {
                 case .stop(let why): throw SinkStopped(why)
                 case .changed(let why): throw RepresentationChanged(reason: why)

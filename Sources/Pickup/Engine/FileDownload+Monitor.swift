@@ -100,9 +100,10 @@ extension FileDownload {
     /// one look at the state). During the trial one connection runs, and its bytes alone count.
     func tune() {
         let inTrial = trial.load(ordering: .relaxed) >= 0
-        let (action, then) = lock.withLock {
-            state.tunerSampled(tunerSample(), trialBytes: inTrial ? trialBytes.load(ordering: .relaxed) : nil,
-                               writers: state.writers(now: Clock.monotonic()))
+        let (action, then) = lock.withLock { () -> (ConnectionTuner.Action?, RunState.Tuned?) in
+            guard state.tuning else { return (nil, nil) }  // (no sample, no syscall, once decided)
+            return state.tunerSampled(tunerSample(), trialBytes: inTrial ? trialBytes.load(ordering: .relaxed) : nil,
+                                      writers: state.writers(now: Clock.monotonic()))
         }
         if let action { options.onTune?(action) }
         switch then {

@@ -42,7 +42,7 @@ enum Recovery {
         case resume(ControlRecord, merged: [SegmentRecord]?)
         /// The partial download at this path is another URL's: start over (said so), unless this
         /// URL may turn out to be a Metalink document, whose files must not cost it a byte
-        /// (``FileDownload/foreign``).
+        /// (``RunState/foreign``).
         case anotherURL(String)
     }
 

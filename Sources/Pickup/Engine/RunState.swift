@@ -1,8 +1,12 @@
 /// One run's state, as one value: what the control file claims and what is on disk
 /// (``Checkpoints``), the ranges and who fetches them (``SegmentScheduler``), and what the run
 /// has observed (where each range's writer was last seen, which connection goes on alone, what
-/// was kept from the start). No I/O: ``FileDownload`` keeps it under its `lock`, feeds it events
-/// and carries out the actions it returns (stores, fsyncs, lowered ends) outside that lock.
+/// was kept from the start), the writers, the tuner, the search for a bad source. No system
+/// calls: ``FileDownload`` keeps it under its `lock`, feeds it events and carries out the actions
+/// it returns (stores, fsyncs, truncations, the target's name, waking connections) outside it. It
+/// does hold references to the I/O edge's memory, the writers' cursors (atomics, some in the
+/// mapped cursor file): it creates them, lowers their ends and samples them, so a copy of the
+/// value shares them.
 ///
 /// One fact, one owner: the ranges' shape is the scheduler's; the control record's ranges are its
 /// projection, rewritten by every change that goes through ``ranges(_:)``, and their durable
@@ -815,7 +819,8 @@ struct RunState {
 
     /// The writer of each range being (or last) written, by range index: its cursor, whose
     /// atomics the data path moves. A cursor's `end` is the data path's copy of its range's end,
-    /// lowered here (``lowerEnds()``) and nowhere else. Emptied when the ranges go (a restart, the
+    /// lowered here and nowhere else: to its range's end (``lowerEnds()``), or to where its writer
+    /// is when a whole response replaces every held byte (``writeAlone(keeping:connection:)``). Emptied when the ranges go (a restart, the
     /// finish, bad pieces reopened).
     private(set) var cursors: [Int: SegmentCursor] = [:]
     /// Responses writing now, by connection: the record's writers at a checkpoint, and whose
@@ -1145,7 +1150,8 @@ struct RunState {
         case keptShed(from: Int?)
     }
 
-    /// One tuner sample (`sample`: every connection's bytes), carried out on the connections:
+    /// One tuner sample (`sample`: every connection's bytes; its connections, those whose writers
+    /// bring bytes, counted here from `writers`), carried out on the connections:
     /// during a trial (`trialBytes`, the data path's count of the kept connection's bytes; nil
     /// when no trial runs) only those count, as one connection. Returns the tuner's action (for
     /// ``DownloadOptions/onTune``) and what the engine does, if anything.
@@ -1157,6 +1163,10 @@ struct RunState {
         if let trialBytes {
             sample.connections = 1
             sample.bytes = trialBytes
+        } else if let s = scheduler {
+            // The connections that bring bytes: a range with an owner whose writer has written
+            // since it began (the tuner's warmup waits for all of them).
+            sample.connections = writers.filter { i, w in s.segments.indices.contains(i) && s.segments[i].owner != nil && w.position > w.beganAt }.count
         }
         let action = tuner?.add(sample)
         switch action {
