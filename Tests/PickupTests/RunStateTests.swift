@@ -500,4 +500,53 @@ import Testing
         let retired = answer(&several, source: 1)
         if case .stop(.rejected("it was retired", _)) = retired {} else { Issue.record("\(retired)") }
     }
+
+    /// A whole response (a 200) to a range request, decided with no server: alone from the start
+    /// it simply replaces; while other ranges run they stop first, and the notice says why the
+    /// server may have done so; a writer dropped for another 200 is stale; a mirror that does not
+    /// take ranges leaves while others are live; once taken, one range from byte 0 is its own.
+    @Test func aWholeAnswerToARangeRequestReplacesTheHeldBytesOrStops() {
+        let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        let other = Validators(etag: EntityTag("\"y\""), lastModified: nil, lastModifiedIsStrong: false)
+        var one = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100)
+        let first = one.cursor(0, start: 0, position: 0, end: nil)
+        one.writes(first)
+        #expect(one.wholeAnswered(cursor: first, source: 0, offset: 0, validators: strong) == .replace(othersRunning: false, why: nil))
+
+        var s = Self.running(4)  // four ranges of 100,000 bytes, validator "x"
+        func writer(_ i: Int) -> SegmentCursor {
+            let seg = s.scheduler!.segments[i]
+            let c = s.cursor(i, start: seg.start, position: seg.start, end: seg.end)
+            s.writes(c)
+            return c
+        }
+        let third = writer(2)
+        guard case .replace(true, let same?) = s.wholeAnswered(cursor: third, source: 0, offset: 50_000, validators: strong),
+            case .replace(true, let balanced?) = s.wholeAnswered(cursor: third, source: 0, offset: 50_000, validators: other)
+        else {
+            Issue.record("not a replacement while others run")
+            return
+        }
+        #expect(same.contains("did not take the range") && balanced.contains("load balancer"))
+        let second = writer(1)
+        let others = s.writeAlone(keeping: third, connection: 2)
+        #expect(others?.contains { $0 === second } == true && second.end.load(ordering: .relaxed) == second.position.load(ordering: .relaxed))
+        #expect(s.wholeAnswered(cursor: second, source: 0, offset: 25_000, validators: other) == .stop(.nothingToRead), "stale")
+        _ = s.restarted { r in
+            r.totalLength = 100_000
+            r.segments = [SegmentRecord(start: 0, end: 100_000, done: 0)]
+        }
+        let fresh = s.wholeTaken(total: 100_000, by: 2, latency: 0.01)
+        #expect(fresh.start == 0 && fresh.end.load(ordering: .relaxed) == 100_000 && s.cursors[0] === fresh)
+        #expect(s.scheduler?.segments.count == 1 && s.scheduler?.segments[0].owner == 2)
+
+        // A mirror that sends the whole file while the URL given has answered: it leaves.
+        var mirrors = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+                               sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
+        mirrors.newRound(connections: 2)
+        _ = mirrors.partialResponse(segment: 0, at: 0, total: 100_000, validators: strong, source: 0, digest: nil, connections: 2)
+        let m = mirrors.cursor(1, start: 50_000, position: 50_000, end: 100_000)
+        let refused = mirrors.wholeAnswered(cursor: m, source: 1, offset: 50_000, validators: strong)
+        #expect(refused == .stop(.rejected(reason: "it sent the whole file (200) to a range request", otherFile: false)))
+    }
 }

@@ -57,18 +57,14 @@ extension FileDownload {
             if soon { storeBeforeFirstByte() }
             return result
         case .replace(let total, let validators):
-            // Read with the staleness in one step: a response for a range that another 200 has
-            // already replaced (and so made the ranges one) must not be taken for the only range.
-            let (ranges, file, dropped, rejectable) = lock.withLock {
-                (record.segments.count, self.file, state.isDropped(cursor),
-                 state.sources.isRetired(source)
-                    || state.sources.several && state.sources.canReject(source) && (context.offset > 0 || record.totalLength != nil))
+            let (file, answered) = lock.withLock {
+                (self.file, state.wholeAnswered(cursor: cursor, source: source, offset: context.offset, validators: validators))
             }
             guard let file else { return nil }
-            if dropped { throw SinkStopped(.nothingToRead) }
-            // A mirror that does not take ranges (or whose file changed) leaves; the others go on.
-            if rejectable { throw SinkStopped(.rejected(reason: "it sent the whole file (200) to a range request", otherFile: false)) }
-            if ranges > 1 || cursor.segment != 0 {
+            switch answered {
+            case .stop(let why):
+                throw SinkStopped(why)
+            case .replace(true, let why):
                 // A whole response from offset 0 while other ranges run (their validators did not
                 // match this server's: a load balancer's backends, a changed file): it is the one
                 // stream from now on. The others stop before any byte of it is written.
@@ -77,16 +73,11 @@ extension FileDownload {
                 case .stale: throw SinkStopped(.nothingToRead)
                 case .timedOut: throw RepresentationChanged(reason: "the server sent the whole file (200) to a range request")
                 }
-                let (several, sameValidators) = lock.withLock { (state.sources.several, record.validators == validators) }
-                let why = several
-                    ? "the file seems to have changed, and no source that answered before says otherwise"
-                    : sameValidators
-                    ? "it did not take the range: an FTP server refusing REST, a server that ignores ranges at times"
-                    : "its validators differ from the other responses': a load balancer whose servers disagree?"
-                onEvent(.notice("the server sent the whole file (200) to a range request (\(why)); the held bytes are discarded "
+                onEvent(.notice("the server sent the whole file (200) to a range request (\(why ?? "")); the held bytes are discarded "
                     + "and this response is kept, over one connection"))
-            } else if context.offset > 0 {
+            case .replace(false, _) where context.offset > 0:
                 onEvent(.notice("the server sent the whole file (200) instead of the rest; the held bytes are discarded"))
+            case .replace: break
             }
             mapCursorsIfLarge(total: total)
             try discardHeld(file) { r in
@@ -96,10 +87,7 @@ extension FileDownload {
                 r.serverDigest = Self.serverDigest(head)
             }
             let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
-                state.answered(after: latency)
-                if let total { state.lengthKnown(total, claiming: 0, by: connection) }
-                let fresh = state.cursor(0, start: 0, position: 0, end: total)
-                state.writes(fresh)
+                let fresh = state.wholeTaken(total: total, by: connection, latency: latency)
                 if record.target == nil || context.conditional { try chooseTarget(head: head) }
                 return (fresh, moreConnections, state.wantsStoreSoon)
             }

@@ -1042,6 +1042,46 @@ struct RunState {
         return .write(w)
     }
 
+    /// What a whole response (a 200) to a range request comes to, before anything of it is written.
+    enum WholeAnswered: Equatable {
+        /// Its body is not read: its range was dropped for another whole response, or its source
+        /// was retired, or it is a mirror that does not take ranges while others are live.
+        case stop(SinkStop)
+        /// It replaces every held byte (``FileDownload/discardHeld(_:reset:)``). `othersRunning`:
+        /// other ranges run, to be stopped first (``writeAlone(keeping:connection:)``), and `why`
+        /// says why the server may have done so; nil when it is the only range.
+        case replace(othersRunning: Bool, why: String?)
+    }
+
+    /// A whole response (a 200) from `source` to the range request `cursor` made from `offset`
+    /// (``ResponseDecision/replace(total:validators:)``), read with the staleness in one step: a
+    /// response for a range that another 200 has already replaced (and so made the ranges one) is
+    /// not taken for the only range.
+    func wholeAnswered(cursor: SegmentCursor, source: Int, offset: Int64, validators: Validators) -> WholeAnswered {
+        if isDropped(cursor) { return .stop(.nothingToRead) }
+        // A mirror that does not take ranges (or whose file changed) leaves; the others go on.
+        if sources.isRetired(source) || sources.several && sources.canReject(source) && (offset > 0 || record.totalLength != nil) {
+            return .stop(.rejected(reason: "it sent the whole file (200) to a range request", otherFile: false))
+        }
+        guard record.segments.count > 1 || cursor.segment != 0 else { return .replace(othersRunning: false, why: nil) }
+        let why = sources.several
+            ? "the file seems to have changed, and no source that answered before says otherwise"
+            : record.validators == validators
+            ? "it did not take the range: an FTP server refusing REST, a server that ignores ranges at times"
+            : "its validators differ from the other responses': a load balancer whose servers disagree?"
+        return .replace(othersRunning: true, why: why)
+    }
+
+    /// The whole response's body is written from byte 0 through a new cursor, connection
+    /// `connection` owning the one range (of `total` bytes, when known).
+    mutating func wholeTaken(total: Int64?, by connection: Int, latency: Double) -> SegmentCursor {
+        answered(after: latency)
+        if let total { lengthKnown(total, claiming: 0, by: connection) }
+        let fresh = cursor(0, start: 0, position: 0, end: total)
+        writes(fresh)
+        return fresh
+    }
+
     /// Why a 206 from `source` cannot be part of this file when there are several sources: another
     /// complete length, or validators that differ from that source's earlier answers.
     func disagreement(source: Int, total: Int64?, validators: Validators) -> String? {
