@@ -549,4 +549,26 @@ import Testing
         let refused = mirrors.wholeAnswered(cursor: m, source: 1, offset: 50_000, validators: strong)
         #expect(refused == .stop(.rejected(reason: "it sent the whole file (200) to a range request", otherFile: false)))
     }
+
+    /// A connection starts at the source a finished file's validators are from (its check is
+    /// made there), else at the URL given; a retired one is not asked, and the check is not made
+    /// on that connection.
+    @Test func aConnectionStartsWhereTheFinishedFileWasChecked() {
+        func run() -> RunState {
+            RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+                     sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
+        }
+        var s = run()
+        let atMirror = s.connectionStarts(0, finishedAt: "http://b/f")
+        #expect(atMirror?.source == 1 && atMirror?.asked == true)
+        let given = s.connectionStarts(1, finishedAt: nil)
+        #expect(given?.source == 0 && given?.asked == true)
+        var r = run()
+        r.newRound(connections: 2)
+        _ = r.partialResponse(segment: 0, at: 0, total: 1000, validators: Validators(etag: EntityTag("\"x\""), lastModified: nil,
+                                                                                    lastModifiedIsStrong: false), digest: nil, connections: 2)
+        _ = r.reject(1, why: "gone")
+        let elsewhere = r.connectionStarts(0, finishedAt: "http://b/f")
+        #expect(elsewhere?.source == 0 && elsewhere?.asked == false, "a retired source is not asked, nor is the check made")
+    }
 }

@@ -107,13 +107,9 @@ extension FileDownload {
         // Each connection asks one source at a time: the first asks the URL given first (unless
         // it was rejected or sent a bad piece), the others the best source with room.
         // A finished file is asked about at the source whose validators it has.
-        let asked = lock.withLock {
-            conditional?.1.source.flatMap { u in state.sources.sources.firstIndex { $0.url == u } } ?? 0
-        }
-        guard lock.withLock({ state.connectionStarted(id, asking: asked) }) else { return }
+        guard let start = lock.withLock({ state.connectionStarts(id, finishedAt: conditional?.1.source) }) else { return }
         defer { lock.withLock { state.connectionLeft(id) } }
-        var conditional = conditional
-        if lock.withLock({ state.sources.source(of: id) }) != asked { conditional = nil }
+        var conditional = start.asked ? conditional : nil
         var cursor: SegmentCursor? = id == 0 ? firstCursor() : assign(id)
         while true {
             while let c = cursor {

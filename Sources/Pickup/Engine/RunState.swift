@@ -554,6 +554,17 @@ struct RunState {
         return sources.bind(id) != nil
     }
 
+    /// Connection `id` starts a run's work: it asks the source whose URL `finishedAt` is (the
+    /// source a finished file's validators are from, when the run checks one), else the URL given
+    /// first, as ``connectionStarted(_:asking:)`` allows. Returns the source it asks and whether
+    /// that is the one asked (else the finished file's check is not made on this connection); nil
+    /// when no source has room.
+    mutating func connectionStarts(_ id: Int, finishedAt: String?) -> (source: Int, asked: Bool)? {
+        let asked = finishedAt.flatMap { u in sources.sources.firstIndex { $0.url == u } } ?? 0
+        guard connectionStarted(id, asking: asked), let source = sources.source(of: id) else { return nil }
+        return (source, source == asked)
+    }
+
     /// Connection `id` ended: its source has room again and its range no owner.
     mutating func connectionLeft(_ id: Int) {
         sources.unbind(id)
