@@ -90,10 +90,11 @@ extension FileDownload {
         }
     }
 
-    /// A tuner sample: now, and how many connections have a range.
-    func tunerSample(connections: Int? = nil) -> ConnectionTuner.Sample {
+    /// A tuner sample: now, and how many connections have a range (``RunState`` counts those
+    /// that bring bytes). With `lock` held.
+    func tunerSample() -> ConnectionTuner.Sample {
         ConnectionTuner.Sample(time: Clock.monotonic(), cpu: options.cpuClock(), bytes: transferred.load(ordering: .relaxed),
-                               connections: connections ?? state.activeConnections)
+                               connections: state.activeConnections)
     }
 
     /// Feeds the tuner one sample and carries out what it decides (``RunState/tunerSampled(_:trialBytes:writers:)``,

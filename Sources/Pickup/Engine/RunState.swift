@@ -482,7 +482,10 @@ struct RunState {
             rebuildRanges(claiming: nil)
             return
         }
-        for (i, r) in record.segments.enumerated() { scheduler?.report(i, done: r.done) }
+        // (On a copy, assigned once: the scheduler's observer lowers the writers' ends once, not per range.)
+        var reported = s
+        for (i, r) in record.segments.enumerated() { reported.report(i, done: r.done) }
+        scheduler = reported
     }
 
     /// Every held byte is being discarded (`reset` describes the new representation): the
