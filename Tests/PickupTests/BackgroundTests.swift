@@ -74,7 +74,7 @@ import TestServer
 
     /// The control record and partial file of an unfinished download of `url` into `dir`.
     static func held(_ url: String, in dir: FilePath) throws -> (ControlRecord, [UInt8]) {
-        let (directory, partial, control) = try FileDownload.paths(for: DownloadRequest(url: url, destination: .directory(dir)))
+        let (directory, partial, control) = try DownloadFiles.paths(for: DownloadRequest(url: url, destination: .directory(dir)))
         let record = try #require(ControlFile.load(directory.appending(control)))
         let bytes = try #require(FileManager.default.contents(atPath: directory.appending(partial).string))
         return (record, Array(bytes))

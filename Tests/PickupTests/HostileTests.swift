@@ -36,7 +36,7 @@ func isSymlink(_ path: FilePath) -> Bool {
             let hashed = helper == "hashed-part"
             let request = DownloadRequest(url: f.server.url("/x.bin"),
                                           destination: hashed ? .directory(f.dir.path) : .file(f.dir.file("x.bin")))
-            let (_, partial, control) = try FileDownload.paths(for: request)
+            let (_, partial, control) = try DownloadFiles.paths(for: request)
             let planted = switch helper {
             case "part", "hashed-part": partial
             case "ctl": control

@@ -66,7 +66,7 @@ import TestServer
                 <url>http://a.example/a.bin</url></file>
             """))
         let pieces = try #require(m.files.first?.pieces)
-        #expect(FileDownload.pieceCount(pieces, total: 1000) == nil)
+        #expect(pieces.count(total: 1000) == nil)
         // A size near Int64.max: the count of pieces it needs is worked out without overflowing
         // (`size + length - 1` trapped).
         let huge = try Metalink.parse(Self.document(files: """
@@ -75,7 +75,7 @@ import TestServer
                 <url>http://a.example/h.bin</url></file>
             """))
         #expect(huge.files.first?.size == Int64.max)
-        #expect(huge.files.first?.pieces.map { FileDownload.pieceCount($0, total: Int64.max) == nil } == true)
+        #expect(huge.files.first?.pieces.map { $0.count(total: Int64.max) == nil } == true)
         let bad = try Metalink.parse(Self.document(files: """
               <file name="b.bin"><size>256</size><pieces length="256" type="sha-256"><hash>zz</hash></pieces>
                 <url>http://a.example/b.bin</url></file>

@@ -286,7 +286,7 @@ extension AbsoluteFormTests {
     }
 
     @Test func patienceRules() {
-        var s = RunState(record: FileDownload.emptyRecord(url: "http://x/"), minSplit: 1 << 20)
+        var s = RunState(record: ControlRecord.empty(url: "http://x/"), minSplit: 1 << 20)
         // A stall mid-body on a connection that never stalled: no more patience yet.
         #expect(s.stalled(1, beforeBody: false) == 0)
         // Again on that connection: more.

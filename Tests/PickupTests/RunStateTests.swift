@@ -39,7 +39,7 @@ import Testing
     @Test func theFirstPartialResponseDecidesOnMoreConnectionsOnlyWithAStrongValidator() throws {
         let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
         let weak = Validators(etag: EntityTag("W/\"x\""), lastModified: nil, lastModifiedIsStrong: false)
-        var s = RunState(record: FileDownload.emptyRecord(url: "u"), minSplit: 100)
+        var s = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
         let first = s.partialResponse(segment: 0, at: 0, total: 1000, validators: strong, digest: nil, connections: 4)
         #expect(first.described && first.running == 4 && first.decidedTotal == 1000 && s.scheduler?.segments[0].end == 250)
         #expect(s.record.segments.map { $0.end ?? -1 }.sorted() == [250, 500, 750, 1000])
@@ -47,7 +47,7 @@ import Testing
         let second = try #require(s.record.segments.firstIndex { $0.start == 500 })
         let later = s.partialResponse(segment: second, at: 500, total: 1000, validators: strong, digest: nil, connections: 4)
         #expect(!later.described && later.running == nil && s.scheduler?.segments[second].end == 750, "decided once per round")
-        var w = RunState(record: FileDownload.emptyRecord(url: "u"), minSplit: 100)
+        var w = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
         let alone = w.partialResponse(segment: 0, at: 0, total: 1000, validators: weak, digest: nil, connections: 4)
         #expect(alone.running == 1 && w.scheduler?.segments[0].end == 1000 && w.record.segments.count == 1)
     }
@@ -64,7 +64,7 @@ import Testing
         for sequence in 0..<1000 {
             let total = Int64(1 + pick(1000))
             let connections = 1 + pick(8)
-            var state = RunState(record: FileDownload.emptyRecord(url: "http://h/f"), minSplit: Int64(1 + pick(64)))
+            var state = RunState(record: ControlRecord.empty(url: "http://h/f"), minSplit: Int64(1 + pick(64)))
             var disk = Disk(Int(total))
             var onDisk: ControlRecord? = nil  // the last control file stored
             var pending: (Checkpoints.Action, fsynced: [Bool])? = nil
@@ -152,7 +152,7 @@ import Testing
                     // The cursor file's slots: each writer's range start and its next byte.
                     let cursorRanges = state.cursors.values.map { c -> (start: Int64, end: Int64) in (c.start, c.position.load(ordering: .relaxed)) }
                     let partialSize = Int64(disk.written.lastIndex(of: true).map { $0 + 1 } ?? 0)
-                    state = RunState(record: FileDownload.emptyRecord(url: "http://h/f"), minSplit: state.minSplit)
+                    state = RunState(record: ControlRecord.empty(url: "http://h/f"), minSplit: state.minSplit)
                     switch Recovery.decide(.init(record: rec, controlExists: true, partialSize: partialSize, written: cursorRanges),
                                            url: "http://h/f") {
                     case .resume(let r, let merged):
@@ -199,9 +199,12 @@ import Testing
     @Test func beforeAnAttemptAConnectionStopsMovesOrConfirmsTheHeldBytesFirst() {
         let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
         func fresh() -> RunState {
-            var s = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+            var s = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
                              sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
-            s.started(holding: 500)  // bytes from an earlier run, not confirmed yet
+            var held = ControlRecord.empty(url: "http://a/f")
+            held.segments = [SegmentRecord(start: 0, end: nil, done: 500)]
+            s.loaded(held)
+            #expect(s.started() == 500)  // bytes from an earlier run, not confirmed yet
             let started = s.connectionStarted(0, asking: 0)
             #expect(started)
             return s
@@ -237,7 +240,7 @@ import Testing
     /// download fails; nothing of it needs a server.
     @Test func aSourcesFaultMovesTheConnectionOnOrEndsIt() {
         func run(_ urls: [String], connections: [Int] = [0]) -> RunState {
-            var s = RunState(record: FileDownload.emptyRecord(url: urls[0]), minSplit: 100,
+            var s = RunState(record: ControlRecord.empty(url: urls[0]), minSplit: 100,
                              sources: SourceSet(urls: urls, connections: 2))
             s.newRound(connections: 2)
             _ = s.partialResponse(segment: 0, at: 0, total: 10_000, validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
@@ -296,7 +299,7 @@ import Testing
 
     /// `n` connections, each with a range of a 100,000-byte file.
     static func running(_ n: Int) -> RunState {
-        var s = RunState(record: FileDownload.emptyRecord(url: "u"), minSplit: 100)
+        var s = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
         s.newRound(connections: n)
         _ = s.partialResponse(segment: 0, at: 0, total: 100_000,
                               validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
@@ -306,6 +309,33 @@ import Testing
             _ = s.assign(c, unownedOnly: false, writers: [:], now: 0, connections: n)
         }
         return s
+    }
+
+    /// A connection's work is one event: it opens on the first unfinished range (connection 0)
+    /// or one the state gives it, registered as that range's writer; a held connection gets none
+    /// and waits to be brought back, the one kept does not.
+    @Test func aConnectionOpensAndTakesWorkInOneEvent() {
+        var s = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
+        s.newRound(connections: 3)
+        let first = s.connectionOpens(0, finishedAt: nil, now: 0, connections: 3)
+        #expect(first?.asked == true && first?.cursor?.segment == 0 && s.cursors[0] === first?.cursor)
+        // A finished file's check is made where its validators are from: not a URL of this run.
+        let elsewhere = s.connectionOpens(1, finishedAt: "http://other/", now: 0, connections: 3)
+        #expect(elsewhere?.asked == true, "an unknown source is not asked about; the URL given is")
+        _ = s.partialResponse(segment: 0, at: 0, total: 100_000,
+                              validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
+                              digest: nil, connections: 3)
+        let work = s.work(for: 1, now: 0, connections: 3)
+        guard let c = work.cursor else { Issue.record("no range for connection 1: \(work)"); return }
+        #expect(c.segment != 0 && s.cursors[c.segment] === c, "its writer is registered")
+        #expect(c.end.load(ordering: .relaxed) == s.end(ofRange: c.segment, startingAt: c.start), "its end is its range's")
+        _ = s.connectionOpens(2, finishedAt: nil, now: 0, connections: 3)
+        let keeper = s.holdConnections(writers: Self.writers(s))!
+        let held = (0..<3).first { $0 != keeper }!
+        let none = s.work(for: held, endgame: true, now: 1, connections: 3)
+        #expect(none.cursor == nil && s.waitsForRestore(held) && !s.waitsForRestore(keeper))
+        s.connectionsRestored()
+        #expect(!s.waitsForRestore(held))
     }
 
     @Test func whichConnectionsFetchIsOnePhase() {
@@ -401,7 +431,7 @@ import Testing
     /// hash the file again.
     @Test func theSearchForABadSourceSuspectsTheLargestShareFirstAndNamesIt() {
         let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
-        var s = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+        var s = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
                          sources: SourceSet(urls: ["http://a/f", "http://b/f", "http://c/f"], connections: 2))
         s.newRound(connections: 2)
         _ = s.partialResponse(segment: 0, at: 0, total: 1000, validators: strong, source: 0, digest: nil, connections: 2)
@@ -452,7 +482,7 @@ import Testing
         }
 
         // The first answer of the URL given: the file, its mirror, four ranges, the tuner.
-        var s = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100)
+        var s = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100)
         s.newRound(connections: 4)
         guard case .write(let w) = answer(&s, mirrors: ["http://m/f"]) else {
             Issue.record("not written")
@@ -471,7 +501,7 @@ import Testing
         #expect(s.sources.sources.count == 2, "mirrors are taken from the first answer only")
 
         // A weak validator (and no mirror): one connection, no tuner.
-        var one = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100)
+        var one = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100)
         one.newRound(connections: 4)
         guard case .write(let alone) = answer(&one, validators: weak) else {
             Issue.record("not written")
@@ -480,18 +510,18 @@ import Testing
         #expect(alone.decided && !alone.openMore && !alone.tuning && one.scheduler?.segments.count == 1)
 
         // Stops: a writer dropped for a whole response, a retired source, a length that is not the file's.
-        var dropped = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100)
+        var dropped = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100)
         dropped.fetchAlone(1)
         let stale = dropped.cursor(0, start: 0, position: 0, end: nil)
         if case .stop(.nothingToRead) = answer(&dropped, cursor: stale) {} else { Issue.record("a dropped writer wrote") }
         #expect(dropped.record.totalLength == nil, "nothing learnt from it")
-        var several = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+        var several = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
                                sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
         several.newRound(connections: 2)
         _ = answer(&several)
         let other = answer(&several, source: 1, total: 99_999)
         if case .stop(.rejected(let why, _)) = other { #expect(why.contains("99999")) } else { Issue.record("\(other)") }
-        var unproven = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+        var unproven = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
                                 sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
         unproven.describe { $0.totalLength = 100_000 }
         let changed = answer(&unproven, source: 1, total: 99_999)
@@ -508,7 +538,7 @@ import Testing
     @Test func aWholeAnswerToARangeRequestReplacesTheHeldBytesOrStops() {
         let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
         let other = Validators(etag: EntityTag("\"y\""), lastModified: nil, lastModifiedIsStrong: false)
-        var one = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100)
+        var one = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100)
         let first = one.cursor(0, start: 0, position: 0, end: nil)
         one.writes(first)
         #expect(one.wholeAnswered(cursor: first, source: 0, offset: 0, validators: strong) == .replace(othersRunning: false, why: nil))
@@ -541,7 +571,7 @@ import Testing
         #expect(s.scheduler?.segments.count == 1 && s.scheduler?.segments[0].owner == 2)
 
         // A mirror that sends the whole file while the URL given has answered: it leaves.
-        var mirrors = RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+        var mirrors = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
                                sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
         mirrors.newRound(connections: 2)
         _ = mirrors.partialResponse(segment: 0, at: 0, total: 100_000, validators: strong, source: 0, digest: nil, connections: 2)
@@ -555,7 +585,7 @@ import Testing
     /// on that connection.
     @Test func aConnectionStartsWhereTheFinishedFileWasChecked() {
         func run() -> RunState {
-            RunState(record: FileDownload.emptyRecord(url: "http://a/f"), minSplit: 100,
+            RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
                      sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
         }
         var s = run()

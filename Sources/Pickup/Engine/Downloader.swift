@@ -62,7 +62,7 @@ public final class Downloader: Sendable {
     /// What an earlier, unfinished run of `request` left on disk: the bytes its control file
     /// vouches for and the complete length if known; nil when nothing is held.
     public static func partialProgress(of request: DownloadRequest) -> (bytesHeld: Int64, totalBytes: Int64?)? {
-        guard let (directory, partial, control) = try? FileDownload.paths(for: request),
+        guard let (directory, partial, control) = try? DownloadFiles.paths(for: request),
             let dir = try? DirectoryHandle.open(directory, under: request.root, create: false), dir.exists(partial),
             let record = ControlFile.load(control, in: dir), record.url == request.url
         else { return nil }
@@ -77,11 +77,11 @@ public final class Downloader: Sendable {
     }
 
     private static func discardPartialLocked(of request: DownloadRequest) {
-        guard let (directory, partial, control) = try? FileDownload.paths(for: request),
+        guard let (directory, partial, control) = try? DownloadFiles.paths(for: request),
             let dir = try? DirectoryHandle.open(directory, under: request.root, create: false)
         else { return }
         ControlFile.remove(control, in: dir)
-        dir.remove(FileDownload.cursorName(control: control))
+        dir.remove(DownloadFiles.cursorName(control: control))
         dir.remove(partial)
     }
 

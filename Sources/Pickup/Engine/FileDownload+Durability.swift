@@ -31,11 +31,8 @@ extension FileDownload {
     /// Waits for a checkpoint in flight. On the blocking-I/O pool.
     func checkpointNow() throws {
         try ioLock.withLock {
-            if lock.withLock({ state.foreign != nil }) { return }  // (nothing of ours here yet)
-            let (action, file) = lock.withLock { () -> (Checkpoints.Action, PartialFile?) in
-                (state.checkpoint(), self.file)
-            }
-            try perform(action, file: file)
+            // (A foreign partial file: nothing of ours here yet.)
+            try perform(lock.withLock { state.foreign == nil ? state.checkpoint() : .none }, file: file)
         }
     }
 
@@ -59,11 +56,7 @@ extension FileDownload {
 
     /// Writes the record as it is then, without fsync (it claims nothing new), on the pool.
     func storeSoon() {
-        BlockingIO.submit {
-            self.ioLock.withLock {
-                try? self.perform(self.lock.withLock { self.state.storeNow() }, file: nil)
-            }
-        }
+        BlockingIO.submit { self.storeRecord() }
     }
 
     /// The description a head brought: written before the body when no control file exists yet
@@ -72,9 +65,12 @@ extension FileDownload {
     /// On the response head's `BlockingIO` thread, not with `lock` held.
     func storeBeforeFirstByte() {
         guard lock.withLock({ state.onDisk == .nothing }) else { return storeSoon() }
-        ioLock.withLock {
-            try? perform(lock.withLock { state.storeNow() }, file: nil)
-        }
+        storeRecord()
+    }
+
+    /// Writes the record as it is now, without fsync, after any checkpoint in flight.
+    func storeRecord() {
+        ioLock.withLock { try? perform(lock.withLock { state.storeNow() }, file: nil) }
     }
 
     /// Drops every held byte for a new representation (`reset` describes it) and, when the
@@ -84,9 +80,8 @@ extension FileDownload {
     func discardHeld(_ file: PartialFile, reset: (inout ControlRecord) -> Void) throws {
         try ioLock.withLock {
             try file.truncate(to: 0)
-            let action = lock.withLock { state.restarted(reset) }
+            let (action, mapped, epoch) = lock.withLock { (state.restarted(reset), state.cursorFile, record.epoch ?? 0) }
             try perform(action, file: nil)
-            let (mapped, epoch) = lock.withLock { (state.cursorFile, self.record.epoch ?? 0) }
             mapped?.reset(epoch: epoch)
         }
     }
@@ -105,10 +100,15 @@ extension FileDownload {
     /// Maps the cursor file when a download turns out large enough to keep one (see
     /// ``Checkpoints/smallFile``); resumed downloads map it when they start. On the response
     /// head's `BlockingIO` thread, before its body is written, not with `lock` held.
-    func mapCursorsIfLarge(total: Int64?) {
-        guard options.cursorFile, (total ?? .max) > Checkpoints.smallFile, lock.withLock({ state.cursorFile == nil }) else { return }
-        guard let mapped = CursorFile.open(cursorName, in: dir) else { return }
-        mapped.reset(epoch: lock.withLock { record.epoch ?? 0 })
+    /// `orRecorded`: an unknown `total` is the record's length (a range of the file described).
+    func mapCursorsIfLarge(total: Int64?, orRecorded: Bool = false) {
+        guard options.cursorFile else { return }
+        let (wanted, epoch) = lock.withLock {
+            ((total ?? (orRecorded ? record.totalLength : nil) ?? .max) > Checkpoints.smallFile && state.cursorFile == nil,
+             record.epoch ?? 0)
+        }
+        guard wanted, let mapped = CursorFile.open(cursorName, in: dir) else { return }
+        mapped.reset(epoch: epoch)
         lock.withLock { state.mapped(mapped) }
     }
 }

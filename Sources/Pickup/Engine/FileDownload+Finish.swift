@@ -67,16 +67,14 @@ extension FileDownload {
         try file.sync()
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).
-        let action = try lock.withLock { () throws -> Checkpoints.Action in
+        let (action, rec, checked) = try lock.withLock { () throws -> (Checkpoints.Action, ControlRecord, ExpectedDigest?) in
             if record.target == nil { try chooseTarget(head: nil) }
-            return state.finishing(size: size, verifying: request.checksum != nil || record.serverDigest != nil)
+            return (state.finishing(size: size, verifying: request.checksum != nil || record.serverDigest != nil), record, state.preVerified)
         }
         try perform(action, file: nil)
-        let rec = lock.withLock { record }
         var verified: ExpectedDigest? = nil
-        let checked = lock.withLock { state.preVerified }
         for expected in [request.checksum, rec.serverDigest].compactMap({ $0 }) {
-            let actual = expected == checked ? expected.bytes : try Self.digest(of: file, algorithm: expected.algorithm)
+            let actual = expected == checked ? expected.bytes : try file.digest(expected.algorithm)
             guard actual == expected.bytes else {
                 throw PickupError.verification(
                     "\(expected.algorithm.rawValue) from \(expected.source) is \(expected.hex) but the file's is \(Hex.encode(actual)); "
@@ -90,14 +88,12 @@ extension FileDownload {
         // (A run that resumed such a download after a kill finds that file by its record.)
         let prior = request.overwrite ? nil : previous ?? store.lookup(url: request.url, in: dir, name: fixedName)
         if let (path, old) = prior, old.length == size, let oldName = path.lastComponent?.string, oldName != partialName,
-            Self.sameBytes(file, as: oldName, in: dir, length: size)
+            file.holdsSameBytes(as: oldName, in: dir, length: size)
         {
             onEvent(.notice("the server's validators changed but the bytes did not: \(path) is kept as it is"))
             try? file.truncate(to: 0)
             dir.remove(partialName)
-            if lock.withLock({ state.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
-            if lock.withLock({ state.cursorFile != nil }) { dir.remove(cursorName) }
-            dir.sync()
+            removeHelpers()
             return (path, size, verified)
         }
         // The target is always a name in this run's directory (a control file from elsewhere
@@ -128,11 +124,17 @@ extension FileDownload {
             completion.name = name
             encoded = store.attach(completion, to: file)
         }
-        if lock.withLock({ state.onDisk != .nothing }) { ControlFile.remove(controlName, in: dir) }
-        if lock.withLock({ state.cursorFile != nil }) { dir.remove(cursorName) }
-        dir.sync()
+        removeHelpers()
         store.index(encoded, url: completion.url, directory: directory)
         return (dir.pathOf(name), size, verified)
+    }
+
+    /// Removes the control file and the cursor file this run has on disk, and makes that durable.
+    private func removeHelpers() {
+        let (control, cursors) = lock.withLock { (state.onDisk != .nothing, state.cursorFile != nil) }
+        if control { ControlFile.remove(controlName, in: dir) }
+        if cursors { dir.remove(cursorName) }
+        dir.sync()
     }
 
     /// Renames the partial file to `name`; false when something appeared there and overwriting is off.
@@ -149,43 +151,5 @@ extension FileDownload {
             if case .targetExists = error { return false }
             throw error
         }
-    }
-
-    /// Whether the file `name` in `dir` holds exactly the open partial file's `length` bytes
-    /// (compared in 1 MiB blocks; false on any error).
-    static func sameBytes(_ file: PartialFile, as name: String, in dir: DirectoryHandle, length: Int64) -> Bool {
-        guard dir.size(name) == length, let other = try? dir.openFile(name, write: false) else { return false }
-        defer { try? other.close() }
-        let a = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
-        let b = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
-        defer { a.deallocate(); b.deallocate() }
-        var offset: Int64 = 0
-        while offset < length {
-            guard let n = try? file.fd.read(fromAbsoluteOffset: offset, into: a), n > 0,
-                let m = try? other.read(fromAbsoluteOffset: offset, into: UnsafeMutableRawBufferPointer(rebasing: b[0..<n])), m == n,
-                memcmp(a.baseAddress!, b.baseAddress!, n) == 0
-            else { return false }
-            offset += Int64(n)
-        }
-        return true
-    }
-
-    /// The digest of the open partial file's bytes `start..<end` (to its end by default), read in 1 MiB blocks.
-    static func digest(of file: PartialFile, algorithm: DigestAlgorithm, from start: Int64 = 0, to end: Int64 = .max) throws -> [UInt8] {
-        var hasher = AnyHasher(algorithm)
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
-        defer { buffer.deallocate() }
-        var offset = start
-        while offset < end {
-            let n: Int
-            let want = Int(min(Int64(buffer.count), end - offset))
-            do {
-                n = try file.fd.read(fromAbsoluteOffset: offset, into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<want]))
-            } catch { throw PickupError.io(file.path.string, error) }
-            if n == 0 { break }
-            offset += Int64(n)
-            hasher.update(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
-        }
-        return hasher.finalize()
     }
 }

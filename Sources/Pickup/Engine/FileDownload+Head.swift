@@ -17,7 +17,7 @@ extension FileDownload {
         }
         switch decision {
         case .append(let at, let end, let total, let validators):
-            mapCursorsIfLarge(total: total ?? lock.withLock { record.totalLength })
+            mapCursorsIfLarge(total: total, orRecorded: true)
             var answer = RunState.RangeAnswer(cursor: cursor, at: at, end: end, total: total, validators: validators, source: source,
                                               connection: connection, digest: Self.serverDigest(head), latency: latency,
                                               confirming: context.validators?.ifRange != nil, conditional: context.conditional,
@@ -44,7 +44,7 @@ extension FileDownload {
                 case .write(let w):
                     if let total = w.preallocate, options.preallocate { preallocate = (file, total) }
                     // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
-                    if w.decided { more = moreConnections }
+                    if w.decided { more = state.wake }
                     if w.nameTarget { try chooseTarget(head: head) }
                     if w.described || context.conditional { soon = state.wantsStoreSoon }
                     return (w, (w.cursor, at, end))
@@ -57,10 +57,8 @@ extension FileDownload {
             if soon { storeBeforeFirstByte() }
             return result
         case .replace(let total, let validators):
-            let (file, answered) = lock.withLock {
-                (self.file, state.wholeAnswered(cursor: cursor, source: source, offset: context.offset, validators: validators))
-            }
             guard let file else { return nil }
+            let answered = lock.withLock { state.wholeAnswered(cursor: cursor, source: source, offset: context.offset, validators: validators) }
             switch answered {
             case .stop(let why):
                 throw SinkStopped(why)
@@ -89,7 +87,7 @@ extension FileDownload {
             let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
                 let fresh = state.wholeTaken(total: total, by: connection, latency: latency)
                 if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                return (fresh, moreConnections, state.wantsStoreSoon)
+                return (fresh, state.wake, state.wantsStoreSoon)
             }
             more?.finish()
             if soon { storeBeforeFirstByte() }

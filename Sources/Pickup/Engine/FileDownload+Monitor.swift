@@ -58,8 +58,7 @@ extension FileDownload {
                 ticks.writtenBehind = written
                 writeBehindSoon()
             }
-            tune()
-            return now - ticks.started < 1 && lock.withLock { state.tuning }
+            return tune() && now - ticks.started < 1
         }
     }
 
@@ -68,7 +67,7 @@ extension FileDownload {
 
     /// Queues a write-behind of the partial file on the blocking-I/O pool unless one is queued.
     func writeBehindSoon() {
-        guard let file = lock.withLock({ file }),
+        guard let file,
             !writeBehindQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }
         BlockingIO.submit {
             // Under `ioLock`, which the run's end closes the file under: never on a closed descriptor.
@@ -82,7 +81,7 @@ extension FileDownload {
     /// Queues a check of the pieces completed since the last one (``checkCompletePieces(_:file:)``)
     /// on the blocking-I/O pool unless one is queued or running.
     func checkPiecesSoon(_ pieces: Metalink.Pieces) {
-        guard let file = lock.withLock({ file }),
+        guard let file,
             !piecesQueued.exchange(true, ordering: .acquiringAndReleasing) else { return }
         BlockingIO.submit {
             self.checkCompletePieces(pieces, file: file)
@@ -99,12 +98,14 @@ extension FileDownload {
 
     /// Feeds the tuner one sample and carries out what it decides (``RunState/tunerSampled(_:trialBytes:writers:)``,
     /// one look at the state). During the trial one connection runs, and its bytes alone count.
-    func tune() {
+    /// Returns whether the tuner is still deciding.
+    func tune() -> Bool {
         let inTrial = trial.load(ordering: .relaxed) >= 0
-        let (action, then) = lock.withLock { () -> (ConnectionTuner.Action?, RunState.Tuned?) in
-            guard state.tuning else { return (nil, nil) }  // (no sample, no syscall, once decided)
-            return state.tunerSampled(tunerSample(), trialBytes: inTrial ? trialBytes.load(ordering: .relaxed) : nil,
-                                      writers: state.writers(now: Clock.monotonic()))
+        let (action, then, tuning) = lock.withLock { () -> (ConnectionTuner.Action?, RunState.Tuned?, Bool) in
+            guard state.tuning else { return (nil, nil, false) }  // (no sample, no syscall, once decided)
+            let (action, then) = state.tunerSampled(tunerSample(), trialBytes: inTrial ? trialBytes.load(ordering: .relaxed) : nil,
+                                                    writers: state.writers(now: Clock.monotonic()))
+            return (action, then, state.tuning)
         }
         if let action { options.onTune?(action) }
         switch then {
@@ -127,5 +128,6 @@ extension FileDownload {
         case nil:
             break
         }
+        return tuning
     }
 }

@@ -1,26 +1,6 @@
 import Foundation
 
 extension FileDownload {
-    /// The number of pieces of a file of `total` bytes, or nil when the hashes describe another
-    /// length (then pieces are not checked).
-    static func pieceCount(_ pieces: Metalink.Pieces, total: Int64) -> Int? {
-        guard total > 0, pieces.length > 0 else { return nil }
-        let count = total / pieces.length + (total % pieces.length > 0 ? 1 : 0)
-        return count == Int64(pieces.hashes.count) ? Int(count) : nil
-    }
-
-    /// Why piece hashes cannot check a file of `total` bytes.
-    static func uncheckablePieces(_ pieces: Metalink.Pieces, total: Int64) -> String {
-        "the \(pieces.hashes.count) piece hashes of \(pieces.length) bytes describe another length than the file's \(total) bytes; "
-            + "it cannot be checked"
-    }
-
-    /// Piece `k`'s bytes (no sum past the length: it may be near Int64.max).
-    static func piece(_ k: Int, of pieces: Metalink.Pieces, total: Int64) -> (start: Int64, end: Int64) {
-        let a = Int64(k) * pieces.length
-        return (a, a + min(pieces.length, total - a))
-    }
-
     /// Checks the pieces whose every byte is durable and that were not checked yet, as the file
     /// comes in: a good one is not read again at the end, a bad one is counted against the source
     /// that sent it at once (two, and it is rejected: its connections go to the others) and is
@@ -29,7 +9,7 @@ extension FileDownload {
     /// cut-outs and discards wait), which checkpoints and the run's end take between pieces.
     func checkCompletePieces(_ pieces: Metalink.Pieces, file: PartialFile) {
         let found = lock.withLock { () -> (todo: [Int], total: Int64, generation: Int)? in
-            guard !state.ended, let total = record.totalLength, let count = Self.pieceCount(pieces, total: total) else { return nil }
+            guard !state.ended, let total = record.totalLength, let count = pieces.count(total: total) else { return nil }
             var todo: [Int] = []
             for (a, b) in RunState.merged(record.segments.map { ($0.start, $0.start + $0.done) }) where b > a && b <= total {
                 // The pieces wholly inside [a, b): from the first that starts there to the last that ends there.
@@ -44,10 +24,10 @@ extension FileDownload {
         guard let found, !found.todo.isEmpty else { return }
         var bad: [(start: Int64, end: Int64)] = []
         for k in found.todo {
-            let (a, b) = Self.piece(k, of: pieces, total: found.total)
+            let (a, b) = pieces.range(k, total: found.total)
             // (A read that fails is left to the check at the end of the round, which says so.)
             let digest = ioLock.withLock { () -> [UInt8]? in
-                lock.withLock { state.ended } ? nil : try? Self.digest(of: file, algorithm: pieces.algorithm, from: a, to: b)
+                lock.withLock { state.ended } ? nil : try? file.digest(pieces.algorithm, from: a, to: b)
             }
             guard let digest else { break }
             let good = digest == pieces.hashes[k]
@@ -96,19 +76,19 @@ extension FileDownload {
     func verifyPieces(_ pieces: Metalink.Pieces, file: PartialFile) throws -> Bool {
         try checkpointNow()
         guard let total = lock.withLock({ record.totalLength }), total > 0, pieces.length > 0 else { return true }
-        guard let count = Self.pieceCount(pieces, total: total) else {
+        guard let count = pieces.count(total: total) else {
             // Hashes are never dropped in silence: what cannot be checked is not taken as checked.
-            throw PickupError.verification(Self.uncheckablePieces(pieces, total: total))
+            throw PickupError.verification(pieces.uncheckable(total: total))
         }
         // (A check running as pieces complete records nothing from now on: `seal`.)
         let (bad, counted) = try ioLock.withLock { () throws -> ([(start: Int64, end: Int64)], [(start: Int64, end: Int64)]) in
             let checked = lock.withLock { state.sealPieces() }
             var bad: [(start: Int64, end: Int64)] = [], counted: [(start: Int64, end: Int64)] = []
             for k in 0..<count where !checked.good.contains(k) {
-                let (a, b) = Self.piece(k, of: pieces, total: total)
+                let (a, b) = pieces.range(k, total: total)
                 if checked.bad.contains(k) {
                     counted.append((a, b))
-                } else if try Self.digest(of: file, algorithm: pieces.algorithm, from: a, to: b) != pieces.hashes[k] {
+                } else if try file.digest(pieces.algorithm, from: a, to: b) != pieces.hashes[k] {
                     bad.append((a, b))
                 }
             }
@@ -129,9 +109,8 @@ extension FileDownload {
     /// taken back after a kill (every other byte is in the record). Between rounds, on the pool.
     func cutOut(_ ranges: [(start: Int64, end: Int64)]) throws {
         try ioLock.withLock {
-            let action = lock.withLock { state.reopen(ranges) }
+            let (action, mapped, epoch) = lock.withLock { (state.reopen(ranges), state.cursorFile, record.epoch ?? 0) }
             try perform(action, file: nil)
-            let (mapped, epoch) = lock.withLock { (state.cursorFile, record.epoch ?? 0) }
             mapped?.reset(epoch: epoch)
         }
     }
@@ -151,11 +130,14 @@ extension FileDownload {
             return true
         }
         try checkpointNow()
-        if try Self.digest(of: file, algorithm: expected.algorithm) == expected.bytes {
+        if try file.digest(expected.algorithm) == expected.bytes {
             if let notice = lock.withLock({ state.hashMatched(expected) }) { onEvent(.notice(notice)) }
             return true
         }
-        let next = lock.withLock { state.hashFailed() }
+        let (next, url) = lock.withLock { () -> ((source: Int, ranges: [(start: Int64, end: Int64)])?, String) in
+            let next = state.hashFailed()
+            return (next, next.map { $0.source >= 0 ? DownloadURL.redacted(state.sources.sources[$0.source].url) : "" } ?? "")
+        }
         // Nothing left to suspect: the finish says the hash failed.
         guard let next else { return true }
         let bytes = next.ranges.reduce(Int64(0)) { sum, r in
@@ -166,7 +148,6 @@ extension FileDownload {
             onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching again the \(ByteCount.format(bytes)) "
                 + "whose source is not known (written before a kill), to find the source that sent other bytes"))
         } else {
-            let url = lock.withLock { DownloadURL.redacted(state.sources.sources[next.source].url) }
             onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching the \(ByteCount.format(bytes)) "
                 + "that \(url) sent from the other sources"))
         }

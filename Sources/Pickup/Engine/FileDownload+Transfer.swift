@@ -7,16 +7,6 @@ struct RepresentationChanged: SinkError {
     let reason: String
 }
 
-extension ResponseDecision {
-    /// Whether the body of this response is file content.
-    var writes: Bool {
-        switch self {
-        case .append, .replace: true
-        default: false
-        }
-    }
-}
-
 /// How ``FileDownload/transferAll(file:conditional:)`` ended: every byte held, or a first answer
 /// that made fetching unnecessary.
 enum Transferred {
@@ -36,10 +26,7 @@ extension FileDownload {
         var restarts = 0
         while true {
             let (stream, continuation) = AsyncStream<Void>.makeStream()
-            lock.withLock {
-                moreConnections = continuation
-                state.newRound(connections: options.connections)
-            }
+            lock.withLock { state.newRound(connections: options.connections, wake: continuation) }
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     let first = conditional
@@ -102,83 +89,54 @@ extension FileDownload {
         }
     }
 
-    /// One connection: fetches its range, then takes more work from the scheduler until none is left.
+    /// One connection: fetches its range, then takes more work from the state until none is left.
     func connection(_ id: Int, file: PartialFile, conditional: (FilePath, CompletionRecord)?) async throws {
         // Each connection asks one source at a time: the first asks the URL given first (unless
         // it was rejected or sent a bad piece), the others the best source with room.
         // A finished file is asked about at the source whose validators it has.
-        guard let start = lock.withLock({ state.connectionStarts(id, finishedAt: conditional?.1.source) }) else { return }
+        guard let opened = lock.withLock({
+            state.connectionOpens(id, finishedAt: conditional?.1.source, now: Clock.monotonic(), connections: options.connections)
+        }) else { return }
         defer { lock.withLock { state.connectionLeft(id) } }
-        var conditional = start.asked ? conditional : nil
-        var cursor: SegmentCursor? = id == 0 ? firstCursor() : assign(id)
+        var conditional = opened.asked ? conditional : nil
+        var cursor = opened.cursor
         while true {
             while let c = cursor {
                 switch try await fetchRange(id, cursor: c, file: file, conditional: conditional) {
                 case .done:
-                    break
+                    conditional = nil
+                    // Endgame: out of work while other ranges are still running; wait until one of
+                    // them could count as stalled and ask again (cancelled when every byte is held).
+                    var next = work(id, endgame: true)
+                    while case .wait(let seconds) = next {
+                        try await Task.sleep(nanoseconds: Seconds.nanoseconds(seconds))
+                        next = work(id, endgame: true)
+                    }
+                    cursor = next.cursor
                 case .cut:
                     // Its connection is closed: a new one is opened only for a range no connection
                     // has; taking part of another's would cut that one's response in turn (a new
                     // TCP and TLS handshake each time, for the last few megabytes).
-                    cursor = assign(id, unownedOnly: true)
-                    if cursor == nil { return }
-                    continue
+                    guard let next = work(id, unownedOnly: true).cursor else { return }
+                    cursor = next
                 case .retired:
                     return
                 case .ended(let early):
                     lock.withLock { state.ended(early: early) }
                     return
                 }
-                conditional = nil
-                cursor = assign(id)
-                // Endgame: out of work while other ranges are still running; wait until one of
-                // them could count as stalled and ask again (cancelled when every byte is held).
-                while cursor == nil, let wait = endgameWait(id) {
-                    try await Task.sleep(nanoseconds: Seconds.nanoseconds(wait))
-                    cursor = assign(id)
-                }
             }
             // Shed (see ``ConnectionTuner``): wait in case the connections are brought back; the
             // wait ends by cancellation when the download is complete.
-            guard lock.withLock({ state.keeper != nil && state.keeper != id && state.scheduler?.isComplete == false }) else { return }
+            guard lock.withLock({ state.waitsForRestore(id) }) else { return }
             try await restore.wait()
-            cursor = assign(id)
+            cursor = work(id).cursor
         }
     }
 
-    /// The range the first connection asks for: the first unfinished one.
-    func firstCursor() -> SegmentCursor {
-        lock.withLock {
-            let first = state.firstRange()
-            let cursor = state.cursor(first.index, start: first.start, position: first.start + first.done, end: first.end)
-            state.writes(cursor)
-            return cursor
-        }
-    }
-
-    /// The next range for connection `id`, splitting another connection's range if need be (`unownedOnly`:
-    /// only a range no connection has): ``RunState/assign(_:unownedOnly:writers:now:connections:)``,
-    /// its writer registered with the state.
-    func assign(_ id: Int, unownedOnly: Bool = false) -> SegmentCursor? {
-        lock.withLock {
-            let now = Clock.monotonic()
-            guard let a = state.assign(id, unownedOnly: unownedOnly, writers: state.writers(now: now), now: now,
-                                       connections: options.connections)
-            else { return nil }
-            let cursor = state.cursor(a.segment, start: a.start, position: a.next, end: a.end)
-            state.writes(cursor)
-            return cursor
-        }
-    }
-
-    /// Seconds until a range could count as stalled for the scheduler's endgame, if it does not
-    /// move by then; nil when there is no range to wait on. A connection out of work waits that
-    /// long and asks again.
-    func endgameWait(_ id: Int) -> Double? {
-        lock.withLock {
-            let now = Clock.monotonic()
-            return state.endgameWait(id, writers: state.writers(now: now), now: now)
-        }
+    /// Connection `id`'s next work (``RunState/work(for:unownedOnly:endgame:now:connections:)``).
+    func work(_ id: Int, unownedOnly: Bool = false, endgame: Bool = false) -> RunState.Work {
+        lock.withLock { state.work(for: id, unownedOnly: unownedOnly, endgame: endgame, now: Clock.monotonic(), connections: options.connections) }
     }
 
     enum RangeOutcome {
@@ -208,21 +166,23 @@ extension FileDownload {
         var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects,
                                                      allowInsecureRedirects: options.allowInsecureRedirects),
                               held: held, url: start, given: given)
-        /// Goes on with source `to` (another mirror): its URL, its own redirects and failures.
+        /// Goes on with source `to` (another mirror): its URL, its own redirects and failures. With `lock` held.
         func move(to: Int) {
             source = to
             conditional = nil  // a finished file's validators are one source's
-            lock.withLock { attempt.moved(to: state.sources.url(to), given: state.sources.sources[to].url) }
+            attempt.moved(to: state.sources.url(to), given: state.sources.sources[to].url)
         }
         /// The source's answer was `fault` (``RunState/sourceFault(_:at:_:why:)``): nil to go on
         /// with another source, else how the range ends.
         func leave(_ fault: RunState.SourceFault, why: String, status: Int = 0) throws -> RangeOutcome? {
-            let (next, notice) = lock.withLock { state.sourceFault(id, at: source, fault, why: why) }
+            let (next, notice) = lock.withLock { () -> (RunState.AfterFault, String?) in
+                let (next, notice) = state.sourceFault(id, at: source, fault, why: why)
+                if case .moveTo(let to) = next { move(to: to) }
+                return (next, notice)
+            }
             if let notice { onEvent(.notice(notice)) }
             switch next {
-            case .moveTo(let to):
-                move(to: to)
-                return nil
+            case .moveTo: return nil
             case .leave: return .retired
             case .startOver: throw RepresentationChanged(reason: why)
             case .fail: throw PickupError.refused(attempt.url, status: status, why: why)
@@ -231,13 +191,19 @@ extension FileDownload {
         while true {
             try Task.checkCancellation()
             if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
-            // What the run says before this attempt, in one look (``RunState/beforeAttempt(_:at:holding:)``).
-            let before = lock.withLock { state.beforeAttempt(id, at: source, holding: cursor.position.load(ordering: .relaxed) > 0) }
-            guard case .go(let to, let several, let validators, let total, let patience) = before else {
+            // What the run says before this attempt, in one look (``RunState/beforeAttempt(_:at:holding:)``),
+            // with the fields to send and the quickest answer so far (the pieces' length).
+            let holding = cursor.position.load(ordering: .relaxed) > 0
+            let (before, fields, latency) = lock.withLock { () -> (RunState.BeforeAttempt, HTTPFields, Double?) in
+                let before = state.beforeAttempt(id, at: source, holding: holding)
+                guard case .go(let to, _, _, _, _) = before else { return (before, [:], nil) }
+                if to != source { move(to: to) }
+                return (before, fieldsLocked(for: attempt.url, source: source), state.quickestAnswer)
+            }
+            guard case .go(_, let several, let validators, let total, let patience) = before else {
                 if before == .noConfirmer { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
                 return .retired
             }
-            if to != source { move(to: to) }
             let url = attempt.url
             var offset = cursor.position.load(ordering: .relaxed)
             let end = cursor.end.load(ordering: .relaxed)
@@ -245,17 +211,18 @@ extension FileDownload {
             if offset > 0, validators?.ifRange == nil, total == nil {
                 onEvent(.notice("the connection dropped and the server gives neither a validator nor a length, so the download must start again from zero"))
                 try await restartFromZero(file)
-                cursor = firstCursor()
+                cursor = lock.withLock { state.firstWriter() }
                 offset = 0
             }
             // With several sources the length is the file's identity: every response must agree on it.
             let context = RequestContext(offset: offset, validators: offset > 0 ? validators : nil,
                                          totalLength: offset > 0 || several ? total : nil,
                                          finished: conditional.flatMap { c in c.1.validators.map { ($0, c.1.length) } })
-            let headers = Self.requestHeaders(offset: offset, end: requestEnd(offset: offset, end: end, url: url, cursor: cursor,
-                                                                      combinable: !several && validators?.ifRange != nil),
-                                              validators: validators,
-                                              conditional: conditional?.1.validators) + userFields(for: url, source: source)
+            // In pieces only where responses may be combined (a strong validator for If-Range), one source,
+            // several connections, over TLS (``piecewise(_:)``).
+            let inPieces = !several && validators?.ifRange != nil && options.connections > 1 && piecewise(url)
+            let last = inPieces ? RangeRequest.pieceEnd(offset: offset, end: end, rate: cursor.rate(now: Clock.monotonic()), latency: latency) : end
+            let headers = RangeRequest.headers(offset: offset, end: last, validators: validators, conditional: conditional?.1.validators) + fields
             let sink = BodyWriter(download: self, context: context, file: file, cursor: cursor, url: url, connection: id,
                                   source: source)
             var failure: Attempt.Failure? = nil
@@ -289,16 +256,16 @@ extension FileDownload {
                     break
                 }
             } catch let e as TransportError {
-                var stalled: String?
-                if case .stalled = e {
-                    // Slow to start (an archive built on the fly, cold storage) or slow again: the
-                    // next attempt waits longer (doubling, up to the transport's bound).
-                    let patience = lock.withLock { state.stalled(id, beforeBody: !sink.gotBody) }
-                    if patience > 0, let wait = transport.stallTimeout(patience: patience) {
-                        stalled = "\(e.message); waiting up to \(TransportError.seconds(wait)) next time"
-                    }
+                // Slow to start (an archive built on the fly, cold storage) or slow again: the
+                // next attempt waits longer (doubling, up to the transport's bound).
+                let (patience, known) = lock.withLock { () -> (Int, Attempt.Facts?) in
+                    guard case .stalled = e else { return (0, state.facts(for: id, holding: 0)) }
+                    return (state.stalled(id, beforeBody: !sink.gotBody), state.facts(for: id, holding: 0))
                 }
-                let facts = lock.withLock { state.facts(for: id, holding: 0) } ?? Attempt.Facts(held: 0, othersFetching: false)
+                let facts = known ?? Attempt.Facts(held: 0, othersFetching: false)
+                let stalled = patience > 0 ? transport.stallTimeout(patience: patience).map {
+                    "\(e.message); waiting up to \(TransportError.seconds($0)) next time"
+                } : nil
                 switch attempt.classify(e, connection: id, facts: facts, stalled: stalled) {
                 case .failure(let f): failure = f
                 case .leave(let notice):
@@ -334,7 +301,7 @@ extension FileDownload {
             case .failed(let failure):
                 switch try await afterFailure(failure, id, source: source, facts: facts, attempt: &attempt) {
                 case .again: continue
-                case .moveTo(let to): move(to: to)
+                case .moveTo(let to): lock.withLock { move(to: to) }
                 case .retired: return .retired
                 }
             }
@@ -377,52 +344,12 @@ extension FileDownload {
         }
     }
 
-    /// Where a request for `offset..<end` ends. With several connections or sources an HTTP range
-    /// is asked for in pieces, each long enough that the round trip before the next costs about
-    /// 2% of its transfer, at least ``pieceSeconds`` of it and at least ``minRequest``: a split then lands between two responses
-    /// (``SegmentScheduler/Segment/requested``) instead of cutting one short, which costs its
-    /// connection. Only when responses may be combined (`combinable`: a strong validator for
-    /// If-Range; RFC 9110 §15.3.7.3), so a first request, which learns that, asks for everything.
-    /// One connection alone, plain HTTP and FTP (``piecewise(_:)``), and several sources (mirrors
-    /// that cap connections count a request between two pieces as a free slot another connection
-    /// takes: 503s) ask for all of it.
-    func requestEnd(offset: Int64, end: Int64, url: String, cursor: SegmentCursor, combinable: Bool) -> Int64 {
-        guard combinable, options.connections > 1, piecewise(url) else { return end }
-        let latency = lock.withLock { state.quickestAnswer } ?? 0
-        let piece = max(Double(Self.minRequest), max(Self.pieceSeconds, 50 * latency) * (cursor.rate(now: Clock.monotonic()) ?? 0))
-        guard piece.isFinite, piece < Double(end - offset) else { return end }
-        return offset + Int64(piece)
-    }
-
-    /// Whether ranges from `url` are asked for in pieces and a connection whose response was cut
-    /// leaves (``DownloadOptions/piecewise``; by default over TLS only, where a connection costs
-    /// a handshake: over plain HTTP a new TCP connection costs less than the pieces' requests,
-    /// a tenth more CPU for 1 GiB on loopback).
+    /// Whether ranges from `url` are asked for in pieces (``RangeRequest/pieceEnd(offset:end:rate:latency:)``)
+    /// and a connection whose response was cut leaves (``DownloadOptions/piecewise``; by default
+    /// over TLS only, where a connection costs a handshake: over plain HTTP a new TCP connection
+    /// costs less than the pieces' requests, a tenth more CPU for 1 GiB on loopback).
     func piecewise(_ url: String) -> Bool {
         options.piecewise ?? url.lowercased().hasPrefix("https:")
-    }
-
-    /// The smallest piece of a range one request asks for (see ``requestEnd(offset:end:url:cursor:combinable:)``).
-    static let minRequest: Int64 = 4 << 20
-    /// The least time one piece takes at its connection's speed: each response costs CPU to start
-    /// (a request, a head, reads that grow again), measurable on a fast link (256 pieces per GiB
-    /// on loopback cost a tenth more CPU than 16 ranges).
-    static let pieceSeconds = 0.25
-
-    /// `Range` (open-ended only while the length is unknown, otherwise exactly the range, so a
-    /// finished range leaves its connection reusable and nothing is sent twice), `If-Range` when
-    /// resuming, and the conditionals that ask whether a finished file changed.
-    static func requestHeaders(offset: Int64, end: Int64, validators: Validators?, conditional: Validators?)
-        -> HTTPFields
-    {
-        var headers: HTTPFields = [.range: ByteRange(first: offset, last: end == .max ? nil : end - 1).headerValue]
-        if offset > 0, let ifRange = validators?.ifRange { headers[.ifRange] = ifRange }
-        if let etag = conditional?.etag {
-            headers[.ifNoneMatch] = etag.headerValue
-        } else if let lm = conditional?.lastModified {
-            headers[.ifModifiedSince] = lm
-        }
-        return headers
     }
 
     /// A body without a known length ended (or a 416 confirmed it): its length is what we hold.

@@ -35,17 +35,15 @@ final class FileDownload: @unchecked Sendable {
     /// the blocking-I/O pool), so that they happen one at a time and in order. The data path never
     /// takes it; a thread holding it takes `lock` only briefly, never the other way round.
     let ioLock = NIOLock()
-    // Guarded by `lock`: the run's state and two handles of the I/O edge, nothing else.
-    /// The run's state machine: every mutable fact of the run (the control record and what is on
-    /// disk, the ranges, the sources, the writers, the tuner, the search for a bad source, the
-    /// cookies), changed only by its named events (``RunState``).
+    /// The run's state machine, the one thing `lock` guards: every mutable fact of the run (the
+    /// control record and what is on disk, the ranges, the sources, the writers, the tuner, the
+    /// search for a bad source, the cookies), changed only by its named events (``RunState``).
     var state: RunState
-    /// The record (``RunState/record``).
+    /// The record (``RunState/record``). With `lock` held.
     var record: ControlRecord { state.record }
-    /// The partial file, open and locked for the run.
-    var file: PartialFile?
-    /// Told when the first response allows more connections.
-    var moreConnections: AsyncStream<Void>.Continuation?
+    /// The partial file, open and locked for the run: set once by ``prepare()``.
+    var file: PartialFile? { opened.load() }
+    private let opened = ManagedAtomicLazyReference<PartialFile>()
 
     /// The URL given after redirects (``SourceSet`` keeps where each source leads). With `lock` held.
     var resolvedURL: String { state.sources.url(0) }
@@ -82,8 +80,8 @@ final class FileDownload: @unchecked Sendable {
 
     init(request: DownloadRequest, options: DownloadOptions, transport: any Transport, monitor: DownloadMonitor? = nil,
          onEvent: @escaping @Sendable (DownloadEvent) -> Void) throws(PickupError) {
-        if let length = request.length, let pieces = request.pieces, length < 0 || Self.pieceCount(pieces, total: length) == nil {
-            throw .verification(Self.uncheckablePieces(pieces, total: length))
+        if let length = request.length, let pieces = request.pieces, length < 0 || pieces.count(total: length) == nil {
+            throw .verification(pieces.uncheckable(total: length))
         }
         self.request = request
         self.options = options
@@ -91,46 +89,15 @@ final class FileDownload: @unchecked Sendable {
         self.monitor = monitor ?? DownloadMonitor(interval: min(options.progressInterval, options.checkpointInterval))
         self.onEvent = onEvent
         self.store = CompletionStore(stateDirectory: options.stateDirectory ?? StateDirectory.default, bases: options.pathBases)
-        let (directory, partialName, controlName) = try Self.paths(for: request)
+        let (directory, partialName, controlName) = try DownloadFiles.paths(for: request)
         self.partialName = partialName
         self.controlName = controlName
-        cursorName = Self.cursorName(control: controlName)
+        cursorName = DownloadFiles.cursorName(control: controlName)
         dir = try DirectoryHandle.open(directory, under: request.root, create: true)
         userHeaders = RequestOptions.userHeaders(request.options.headers, for: request.url)
-        state = RunState(record: Self.emptyRecord(url: request.url), minSplit: options.minSplitSize,
+        state = RunState(record: ControlRecord.empty(url: request.url), minSplit: options.minSplitSize,
                          sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections),
                          cookies: request.options.cookies)
-    }
-
-    /// The cursor file's name beside the control file `control`.
-    static func cursorName(control: String) -> String {
-        String(control.dropLast(SafeFileName.controlSuffix.count)) + SafeFileName.cursorSuffix
-    }
-
-    /// Where a request's bytes live until it finishes: the target's directory, the partial file's
-    /// and the control file's names in it (`NAME.pickup-part` for `-o NAME`,
-    /// `.pickup-HASH.pickup-part` in a directory, named by the URL, until the server has named the file).
-    /// Touches nothing on disk.
-    static func paths(for request: DownloadRequest) throws(PickupError) -> (directory: FilePath, partial: String, control: String) {
-        let directory: FilePath
-        let base: String
-        switch request.destination {
-        case .file(let path):
-            guard let name = path.lastComponent?.string, !path.string.hasSuffix("/"), name != ".", name != ".." else {
-                throw .invalidInput("output path \(path) has no file name")
-            }
-            try SafeFileName.checkOutputName(name)
-            if FS.isDirectory(path) { throw .fileSystem(path.string, .isDirectory) }
-            directory = path.removingLastComponent().isEmpty ? FilePath(".") : path.removingLastComponent()
-            base = name
-        case .directory(let dir):
-            directory = dir
-            base = ".pickup-\(Hex.encode(Array(SHA256.hash(data: Array(request.url.utf8)))).prefix(16))"
-        }
-        if let root = request.root, !directory.lexicallyNormalized().starts(with: root.lexicallyNormalized()) {
-            throw .invalidInput("\(directory) is outside the download root \(root)")
-        }
-        return (directory, base + SafeFileName.partialSuffix, base + SafeFileName.controlSuffix)
     }
 
     // MARK: - The run
@@ -220,7 +187,7 @@ final class FileDownload: @unchecked Sendable {
             if let finished = store.attached(to: file.fd), finished.name == partialName || finished.url != request.url {
                 throw PickupError.invalidInput("\(partialPath) is a finished download, not a partial one; rename it and run again")
             }
-            lock.withLock { self.file = file }
+            _ = opened.storeIfNilThenLoad(file)
             file.setExcludedFromBackup(true)
             if request.restart {
                 removeControlFile()
@@ -229,7 +196,8 @@ final class FileDownload: @unchecked Sendable {
             var conditional: (FilePath, CompletionRecord)? = nil
             // Nothing held (also after a kill between the finishing rename and the control file's
             // removal): a finished file of this URL is checked instead of fetched again.
-            if try !loadControlFile(file) || lock.withLock({ state.heldBytes }) == 0 {
+            let resumes = try loadControlFile(file)
+            if lock.withLock({ state.started() }) == 0 || !resumes {
                 if let found = store.lookup(url: request.url, in: dir, name: fixedName, versions: !request.overwrite) {
                     guard let v = found.1.validators, v.canRevalidate else {
                         onEvent(.notice("already downloaded: \(found.0) (\(ByteCount.format(found.1.length)); the server gave no validator to check it against)"))
@@ -241,7 +209,6 @@ final class FileDownload: @unchecked Sendable {
                     conditional = found
                 }
             }
-            lock.withLock { state.started(holding: state.heldBytes) }
             return Prepared(file: file, conditional: conditional, early: nil)
         } catch {
             file.close()
@@ -301,15 +268,19 @@ final class FileDownload: @unchecked Sendable {
             discardAll()
             return false
         case .resume(let rec, let merged):
-            lock.withLock { state.loaded(rec) }
-            if let merged {
-                try ioLock.withLock { try perform(lock.withLock { state.recovered(merged) }, file: file) }
+            let recovered = lock.withLock { () -> Checkpoints.Action? in
+                state.loaded(rec)
+                return merged.map { state.recovered($0) }
             }
+            if let recovered { try ioLock.withLock { try perform(recovered, file: file) } }
         }
-        // What the slots held is in the control file now: they start again for this run.
-        let now = lock.withLock { self.record }
+        // What the slots held is in the control file now: they start again for this run (before
+        // any connection writes through them).
+        let now = lock.withLock { () -> ControlRecord in
+            if let mapped { state.mapped(mapped) }
+            return self.record
+        }
         mapped?.reset(epoch: now.epoch ?? 0)
-        if let mapped { lock.withLock { state.mapped(mapped) } }
         let heldNow = now.durableBytes
         if heldNow > 0 {
             let total = now.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
@@ -318,12 +289,6 @@ final class FileDownload: @unchecked Sendable {
             onEvent(.notice("resuming at \(ByteCount.format(heldNow))\(total)" + (parts > 1 ? " in \(parts) ranges" : "") + since))
         }
         return true
-    }
-
-    /// A record of nothing held yet, with a new epoch.
-    static func emptyRecord(url: String) -> ControlRecord {
-        ControlRecord(url: url, target: nil, validators: nil, totalLength: nil,
-                      segments: [SegmentRecord(start: 0, end: nil, done: 0)], epoch: ControlRecord.newEpoch())
     }
 
     /// Removes the control file and the cursor file.
@@ -337,19 +302,21 @@ final class FileDownload: @unchecked Sendable {
     /// (unlinking it would leave this run writing to a file with no name).
     func discardAll() {
         removeControlFile()
-        if let file = lock.withLock({ file }) { try? file.truncate(to: 0) } else { dir.remove(partialName) }
+        if let file { try? file.truncate(to: 0) } else { dir.remove(partialName) }
     }
 
     /// The user's fields and the matching cookies for a request to `url` (secrets only to the
     /// origin of the URL the user gave).
     /// A mirror's own credentials (in its URL) go to its origin only.
     func userFields(for url: String, source: Int = 0) -> HTTPFields {
-        var fields = lock.withLock {
-            RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: state.jar, now: Clock.wallSeconds())
-        }
-        if source > 0, let given = lock.withLock({ state.sources.sources[source].url }) as String?,
-            Origin(url) == Origin(given), let basic = RequestOptions.credentials(in: given),
-            fields[.authorization] == nil, let field = basic.field
+        lock.withLock { fieldsLocked(for: url, source: source) }
+    }
+
+    /// ``userFields(for:source:)``, with `lock` held.
+    func fieldsLocked(for url: String, source: Int) -> HTTPFields {
+        var fields = RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: state.jar, now: Clock.wallSeconds())
+        if source > 0, case let given = state.sources.sources[source].url, Origin(url) == Origin(given),
+            let basic = RequestOptions.credentials(in: given), fields[.authorization] == nil, let field = basic.field
         {
             fields.append(field)
         }
@@ -367,8 +334,9 @@ final class FileDownload: @unchecked Sendable {
     /// Removes the partial file and its helpers when they hold nothing. On the blocking-I/O pool.
     func discardPartialIfEmpty(evenIfHeld: Bool = false) {
         ioLock.withLock {
-            if lock.withLock({ state.foreign != nil }) { return }  // (another URL's, not ours to remove)
-            if evenIfHeld || lock.withLock({ state.heldBytes }) == 0 {
+            let (foreign, held) = lock.withLock { (state.foreign != nil, state.heldBytes) }
+            if foreign { return }  // (another URL's, not ours to remove)
+            if evenIfHeld || held == 0 {
                 removeControlFile()
                 dir.remove(partialName)
             }

@@ -73,15 +73,24 @@ struct RunState {
 
     // MARK: Events from outside (each one named: no field is written from outside)
 
-    /// The run starts holding `held` bytes (kept from an earlier run, not yet confirmed by a response).
-    mutating func started(holding held: Int64) { keptFromStart = held }
+    /// The run starts holding what it holds now (kept from an earlier run, not yet confirmed by
+    /// a response); returns those bytes.
+    mutating func started() -> Int64 {
+        keptFromStart = heldBytes
+        return keptFromStart
+    }
 
-    /// A round of connections starts: the first valid 206 decides again on more, and every source
-    /// takes connections afresh (``SourceSet/newRound(connections:)``).
-    mutating func newRound(connections: Int) {
+    /// A round of connections starts: the first valid 206 decides again on more (told through
+    /// `wake`), and every source takes connections afresh (``SourceSet/newRound(connections:)``).
+    mutating func newRound(connections: Int, wake: AsyncStream<Void>.Continuation? = nil) {
         connectionsDecided = false
+        self.wake = wake
         sources.newRound(connections: connections)
     }
+
+    /// The round's way to open more connections: told once the first response allows them (an
+    /// I/O handle the state hands out, never calls).
+    private(set) var wake: AsyncStream<Void>.Continuation?
 
     /// A response to a request with `If-Range` was taken: the bytes held at the start are confirmed.
     mutating func heldBytesConfirmed() { heldConfirmed = true }
@@ -567,6 +576,53 @@ struct RunState {
         guard connectionStarted(id, asking: asked), let source = sources.source(of: id) else { return nil }
         return (source, source == asked)
     }
+
+    /// Connection `id` opens (``connectionStarts(_:finishedAt:)``) with its first writer:
+    /// connection 0's is the first unfinished range, another's the range ``work(for:unownedOnly:endgame:now:connections:)``
+    /// gives it. Returns whether it asks the source `finishedAt` names, and its writer (nil: no work
+    /// yet); nil when no source has room.
+    mutating func connectionOpens(_ id: Int, finishedAt: String?, now: Double, connections: Int) -> (asked: Bool, cursor: SegmentCursor?)? {
+        guard let start = connectionStarts(id, finishedAt: finishedAt) else { return nil }
+        return (start.asked, id == 0 ? firstWriter() : work(for: id, now: now, connections: connections).cursor)
+    }
+
+    /// The first unfinished range's writer, claimed by connection 0 (``firstRange()``).
+    mutating func firstWriter() -> SegmentCursor {
+        let first = firstRange()
+        let c = cursor(first.index, start: first.start, position: first.start + first.done, end: first.end)
+        writes(c)
+        return c
+    }
+
+    /// What a connection out of work does next.
+    enum Work {
+        /// Writes this range (its writer registered).
+        case range(SegmentCursor)
+        /// Asks again after these seconds: the endgame, where a range still running could count
+        /// as stalled by then (``endgameWait(_:writers:now:)``).
+        case wait(Double)
+        /// Nothing is left for it.
+        case none
+
+        var cursor: SegmentCursor? { if case .range(let c) = self { c } else { nil } }
+    }
+
+    /// The next work of connection `id`: a range (``assign(_:unownedOnly:writers:now:connections:)``,
+    /// with the writers sampled now), else, in the `endgame`, a wait before asking again.
+    mutating func work(for id: Int, unownedOnly: Bool = false, endgame: Bool = false, now: Double, connections: Int) -> Work {
+        let writers = writers(now: now)
+        if let a = assign(id, unownedOnly: unownedOnly, writers: writers, now: now, connections: connections) {
+            let c = cursor(a.segment, start: a.start, position: a.next, end: a.end)
+            writes(c)
+            return .range(c)
+        }
+        guard endgame, let wait = endgameWait(id, writers: writers, now: now) else { return .none }
+        return .wait(wait)
+    }
+
+    /// Whether connection `id`, out of work, waits for the shed connections to be brought back
+    /// (``ConnectionTuner``): it is not the one kept and bytes are left.
+    func waitsForRestore(_ id: Int) -> Bool { keeper != nil && keeper != id && scheduler?.isComplete == false }
 
     /// Connection `id` ended: its source has room again and its range no owner.
     mutating func connectionLeft(_ id: Int) {

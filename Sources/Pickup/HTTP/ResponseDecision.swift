@@ -129,3 +129,13 @@ public enum ResponseDecision: Equatable, Sendable {
         return .append(at: first, end: last + 1, total: complete ?? context.totalLength, validators: merged)
     }
 }
+
+extension ResponseDecision {
+    /// Whether the body of this response is file content.
+    var writes: Bool {
+        switch self {
+        case .append, .replace: true
+        default: false
+        }
+    }
+}

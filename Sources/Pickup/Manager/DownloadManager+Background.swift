@@ -50,7 +50,7 @@ extension DownloadManager {
         return (try? await BlockingIO.run { () -> [BackgroundRequest] in
             candidates.flatMap { d -> [BackgroundRequest] in
                 let request = Self.request(for: d, root: root)
-                guard let (directory, partial, control) = try? FileDownload.paths(for: request),
+                guard let (directory, partial, control) = try? DownloadFiles.paths(for: request),
                     let dir = try? DirectoryHandle.open(directory, under: root, create: false), dir.exists(partial),
                     let record = ControlFile.load(control, in: dir), record.url == d.url, record.totalLength != nil,
                     let ifRange = record.validators?.ifRange, record.mirrors == nil, HandOff.isTiling(record),
@@ -133,7 +133,7 @@ extension DownloadManager {
                                      request: DownloadRequest)
         -> Result<(landed: Int64, held: Int64, total: Int64), HandOff.Refusal>
     {
-        guard let (directory, partial, control) = try? FileDownload.paths(for: request),
+        guard let (directory, partial, control) = try? DownloadFiles.paths(for: request),
             let dir = try? DirectoryHandle.open(directory, under: request.root, create: false), dir.exists(partial),
             var record = ControlFile.load(control, in: dir), record.url == request.url,
             let total = record.totalLength, let validators = record.validators, validators.ifRange != nil,
@@ -172,7 +172,7 @@ extension DownloadManager {
             try file.sync(barrier: true)
             // The cursor file's slots describe the ranges as the last run had them; the record
             // now holds what they vouched for (a suspension ends each run with a checkpoint).
-            dir.remove(FileDownload.cursorName(control: control))
+            dir.remove(DownloadFiles.cursorName(control: control))
             record.segments = HandOff.segments(holding: HandOff.held(record.segments) + [(chunk.start, end)], total: total)
             try ControlFile.store(record, as: control, in: dir, barrier: true)
         } catch {

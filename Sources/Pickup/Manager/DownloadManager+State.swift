@@ -176,7 +176,7 @@ extension DownloadManager {
         guard mirrors.count <= 64 else { throw .invalidInput("at most 64 mirrors, not \(mirrors.count)") }
         for m in mirrors { try DownloadURL.check(m) }
         if let n = connections, !(1...32).contains(n) { throw .invalidInput("connections must be 1 to 32, not \(n)") }
-        _ = try FileDownload.paths(for: DownloadRequest(url: url, destination: destination))
+        _ = try DownloadFiles.paths(for: DownloadRequest(url: url, destination: destination))
     }
 
     /// Whether a completed download's file is still at its path with its size.

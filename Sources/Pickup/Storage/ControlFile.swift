@@ -65,6 +65,12 @@ public struct ControlRecord: Codable, Equatable, Sendable {
     /// A new ``epoch`` (exact in JSON: below 2^53).
     static func newEpoch() -> UInt64 { UInt64.random(in: 1..<(1 << 53)) }
 
+    /// A record of nothing held yet, with a new epoch.
+    static func empty(url: String) -> ControlRecord {
+        ControlRecord(url: url, target: nil, validators: nil, totalLength: nil,
+                      segments: [SegmentRecord(start: 0, end: nil, done: 0)], epoch: ControlRecord.newEpoch())
+    }
+
     /// The validators of source `i` (0: `url`, else a mirror): each server's own.
     public func validators(of i: Int) -> Validators? {
         i == 0 ? validators : mirrors.flatMap { $0.indices.contains(i - 1) ? $0[i - 1].validators : nil }

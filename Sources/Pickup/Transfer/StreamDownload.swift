@@ -83,7 +83,7 @@ final class StreamRun: @unchecked Sendable {
                     + "with; standard output has the first \(ByteCount.format(held))")
             }
             let (headers, context) = lock.withLock {
-                (FileDownload.requestHeaders(offset: sent, end: .max, validators: validators, conditional: nil)
+                (RangeRequest.headers(offset: sent, end: .max, validators: validators, conditional: nil)
                     + RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: jar, now: Clock.wallSeconds()),
                  RequestContext(offset: sent, validators: validators, totalLength: total))
             }
