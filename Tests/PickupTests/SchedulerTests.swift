@@ -31,6 +31,27 @@ import Testing
         checkCoverage(s)
     }
 
+    /// Any count of connections gets ranges that finish together: equal parts of a fresh file, and
+    /// parts in proportion to what each range has left of a resumed one.
+    @Test func initialPlanSplitsEvenlyForAnyCount() {
+        for n in [3, 5, 6, 7, 12] {
+            var s = SegmentScheduler(total: 48 * MiB + 5, records: [], minSplit: MiB)
+            s.claim(0, by: 0)
+            s.plan(connections: n)
+            #expect(s.segments.count == n)
+            let lengths = s.segments.map { $0.end - $0.start }
+            #expect(lengths.max()! - lengths.min()! <= 1, "\(n) connections: \(lengths)")
+            checkCoverage(s)
+        }
+        // Resumed: 30 MiB left in one range, 10 in another; four connections take 3 and 1 parts.
+        var r = SegmentScheduler(total: 64 * MiB, records: [
+            SegmentRecord(start: 0, end: 40 * MiB, done: 10 * MiB), SegmentRecord(start: 40 * MiB, end: 64 * MiB, done: 14 * MiB),
+        ], minSplit: MiB)
+        r.plan(connections: 4)
+        let left = r.segments.filter { $0.remaining > 0 }.map(\.remaining).sorted()
+        #expect(left == [10 * MiB, 10 * MiB, 10 * MiB, 10 * MiB])
+    }
+
     /// A split lands where the victim's response ends when at least a minimum piece lies beyond
     /// it (no response is cut, no connection lost); otherwise where the balance says.
     @Test func splitsLandWhereTheVictimsResponseEnds() {
@@ -81,8 +102,12 @@ import Testing
     @Test func neverSplitsBelowTheMinimum() {
         var s = SegmentScheduler(total: 3 * MiB, records: [], minSplit: MiB)
         s.plan(connections: 16)
-        #expect(s.segments.count == 2)
+        #expect(s.segments.count == 3 && s.segments.allSatisfy { $0.end - $0.start >= MiB })
+        var t = SegmentScheduler(total: 3 * MiB - 1, records: [], minSplit: MiB)
+        t.plan(connections: 16)
+        #expect(t.segments.count == 2 && t.segments.allSatisfy { $0.end - $0.start >= MiB })
         checkCoverage(s)
+        checkCoverage(t)
     }
 
     @Test func freeConnectionTakesUnownedWorkFirstThenHalfOfTheLargest() {

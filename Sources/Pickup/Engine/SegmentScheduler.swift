@@ -188,16 +188,44 @@ public struct SegmentScheduler: Sendable, Equatable {
         return split(victim, keeping: 0, for: connection)
     }
 
-    /// Splits unowned work so that up to `connections` ranges can run at once (the initial plan).
+    /// Splits the work left so that up to `connections` ranges can run at once (the initial plan):
+    /// each range with bytes left gets parts in proportion to what it has left (a part at a time
+    /// to the range whose parts are largest, none under two minimum pieces), and is cut into that
+    /// many equal parts. Equal parts finish together: halving the largest range again and again
+    /// leaves ranges twice as long as others for any count but a power of two (6 connections: four
+    /// of 6 MiB and two of 12 in 48 MiB), and their ends are then fetched by splits, each costing
+    /// a cut response (its connection, over TLS a handshake). The first part of a range keeps its
+    /// response's end (``keepingResponse(_:keep:)``) when a minimum piece lies beyond it.
     public mutating func plan(connections: Int) {
-        while segments.filter({ $0.remaining > 0 }).count < connections {
-            guard let i = segments.indices.max(by: { segments[$0].remaining < segments[$1].remaining }),
-                segments[i].remaining >= 2 * minSplit
-            else { return }
-            let s = segments[i]
-            let mid = s.next + keepingResponse(i, keep: s.remaining / 2)
-            segments[i].end = mid
-            segments.append(Segment(start: mid, end: s.end, done: 0, owner: nil))
+        let live = segments.indices.filter { segments[$0].remaining > 0 }
+        guard !live.isEmpty, live.count < connections else { return }
+        var parts = [Int](repeating: 1, count: segments.count)
+        for _ in live.count..<connections {
+            // (Compared as remaining₁ / parts₁ < remaining₂ / parts₂, multiplied out in Double.)
+            guard let i = live.max(by: { Double(segments[$0].remaining) * Double(parts[$1]) < Double(segments[$1].remaining) * Double(parts[$0]) }),
+                segments[i].remaining / Int64(parts[i] + 1) >= minSplit
+            else { break }
+            parts[i] += 1
+        }
+        for i in live where parts[i] > 1 { divide(i, into: parts[i]) }
+    }
+
+    /// Cuts range `i`'s bytes left into `k` parts as equal as whole bytes allow, the first staying
+    /// range `i`, the others new unowned ranges; none shorter than a minimum piece.
+    private mutating func divide(_ i: Int, into k: Int) {
+        let s = segments[i]
+        let first = s.next + keepingResponse(i, keep: s.remaining / Int64(k))
+        let rest = s.end - first
+        // (The first part may have kept its response's end: the others share what is left.)
+        let n = min(Int64(k - 1), rest / max(minSplit, 1))
+        guard n > 0 else { return }
+        segments[i].end = first
+        if let r = s.requested, r > first { segments[i].requested = nil }
+        let (piece, extra) = (rest / n, rest % n)
+        for j in 0..<n {
+            let a = first + piece * j + min(j, extra)
+            let b = j == n - 1 ? s.end : first + piece * (j + 1) + min(j + 1, extra)
+            segments.append(Segment(start: a, end: b, done: 0, owner: nil))
         }
     }
 
