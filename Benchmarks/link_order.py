@@ -15,6 +15,8 @@ to list the functions that ran, and the release link's map to find their objects
 
     swift build -c release --product pickup && python3 Benchmarks/link_order.py
 
+(with the release build's flags after it, if any: `python3 Benchmarks/link_order.py -Xswiftc ...`).
+
 Needs valgrind, nginx and openssl (apt-get install -y valgrind nginx openssl). A stale list costs
 nothing but the gain: names no longer in the binary are ignored by the linker.
 """
@@ -44,12 +46,12 @@ def executed(binary, args, env, work):
     return names
 
 
-def objects_by_symbol(work):
+def objects_by_symbol(work, build_args):
     """Each text symbol's object file, from a map of the release link (mangled names, as the ordering
     file needs them: lld writes C++ names demangled in its map unless told not to)."""
     link_map = os.path.join(work, "link.map")
-    subprocess.run(["swift", "build", "-c", "release", "--product", "pickup", "-Xlinker", f"-Map={link_map}", "-Xlinker", "--no-demangle"],
-                   cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
+    subprocess.run(["swift", "build", "-c", "release", "--product", "pickup", "-Xlinker", f"-Map={link_map}", "-Xlinker", "--no-demangle"]
+                   + build_args, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
     owner, current = {}, None
     with open(link_map, errors="replace") as f:
         for line in f:
@@ -62,8 +64,12 @@ def objects_by_symbol(work):
 
 
 def main():
+    # Any arguments are the release build's own (the install command's flags, a scratch path).
+    build_args = sys.argv[1:]
     work = tempfile.mkdtemp(prefix="pickup-order-")
-    release = os.path.join(ROOT, ".build", "release", "pickup")
+    bin_path = subprocess.run(["swift", "build", "-c", "release", "--show-bin-path"] + build_args, cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    release = os.path.join(bin_path, "pickup")
     stripped = os.path.join(work, "pickup")
     subprocess.run(["strip", "--strip-debug", "-o", stripped, release], check=True)
     site = os.path.join(work, "site")
@@ -90,7 +96,7 @@ def main():
                 env = dict(os.environ, PICKUP_STATE_DIR=os.path.join(work, f"state-{n}-{i}"))
                 names += executed(stripped, args + trust + ["-q"], env, work)
         names += executed(stripped, ["--version"], dict(os.environ), work)
-        owner = objects_by_symbol(work)
+        owner = objects_by_symbol(work, build_args)
         chosen, seen = [], set()
         for name in names:
             obj = owner.get(name)
