@@ -338,6 +338,53 @@ import Testing
         #expect(!s.waitsForRestore(held))
     }
 
+    /// Piece checks are the state's to decide: which pieces are whole in the durable bytes, whether
+    /// a bad one can be blamed on one source, and a length a source announces against a Metalink
+    /// document's.
+    @Test func piecesAndLengthsAreDecidedByTheState() {
+        let hashes = Metalink.Pieces(length: 100, algorithm: .sha256, hashes: Array(repeating: [0], count: 10))
+        var s = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 10,
+                         sources: SourceSet(urls: ["http://a/f", "http://b/f", "http://c/f"], connections: 2))
+        var held = ControlRecord.empty(url: "http://a/f")
+        held.totalLength = 1000
+        held.segments = [SegmentRecord(start: 0, end: 500, done: 250), SegmentRecord(start: 500, end: 1000, done: 500)]
+        s.loaded(held)
+        // Source 2 answered with the file (so another source may be refused for it).
+        _ = s.partialResponse(segment: 0, at: 250, end: 500, total: 1000,
+                              validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
+                              source: 2, digest: nil, connections: 1)
+        // Durable: [0, 250) and [500, 1000): pieces 0, 1 and 5 to 9 are whole.
+        let found = s.piecesToCheck(hashes)
+        #expect(found?.todo == [0, 1, 5, 6, 7, 8, 9] && found?.total == 1000)
+        // Source 1 wrote [500, 700): a bad piece 5 is its alone; piece 6 too.
+        s.wrote(500, 700, by: 1)
+        let five = s.pieceHashed(5, good: false, start: 500, end: 600, generation: found!.generation)
+        #expect(five?.recorded == true && five?.blame == true)
+        let zero = s.pieceHashed(0, good: true, start: 0, end: 100, generation: found!.generation)
+        #expect(zero?.recorded == true && zero?.blame == false)
+        #expect(s.piecesToCheck(hashes)?.todo == [1, 6, 7, 8, 9], "checked pieces are not read again")
+        // An old generation records nothing.
+        #expect(s.pieceHashed(1, good: true, start: 100, end: 200, generation: found!.generation + 1)?.recorded == false)
+        // Bad pieces of source 1, twice: it is rejected, and named.
+        let first = s.blame([(500, 600)], now: 0)
+        #expect(first.blamed == ["http://b/f"])
+        let second = s.blame([(600, 700)], now: 0)
+        #expect(second.blamed == ["http://b/f"] && s.sources.isRetired(1) && !second.notices.isEmpty)
+        #expect(s.blame([(600, 700)], now: 0).known, "a source rejected already is old news")
+        // Lengths against the document's 1000 bytes.
+        #expect(s.lengthAnnounced(1000, expected: 1000, source: 2) == .fits)
+        if case .rejected(let why, let notice) = s.lengthAnnounced(999, expected: 1000, source: 2) {
+            #expect(why.contains("999") && !notice.isEmpty && s.sources.isRetired(2))
+        } else {
+            Issue.record("another length from a source while others are live: rejected")
+        }
+        // The last live source announcing none is taken; announcing another length, the download fails.
+        #expect(s.lengthAnnounced(nil, expected: 1000, source: 0) == .fits)
+        if case .fails(_, let url) = s.lengthAnnounced(5, expected: 1000, source: 0) { #expect(url == "http://a/f") } else {
+            Issue.record("another length from the only source left: fails")
+        }
+    }
+
     @Test func whichConnectionsFetchIsOnePhase() {
         let (writers, running) = (Self.writers, Self.running)
         var s = running(4)

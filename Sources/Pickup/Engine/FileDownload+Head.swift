@@ -100,25 +100,24 @@ extension FileDownload {
 
     /// A source whose answer announces another length than the one the request gives (a Metalink
     /// document's `size`) is not this file, whatever answered first: it is retired while another
-    /// source is live (``SinkStop/rejected(reason:otherFile:)``), else the download fails. Never trusted over the length.
-    /// One that announces none (an FTP server without SIZE, a gateway) is left for another source
-    /// when there is one; alone, it is taken, and the finished file must have the length.
+    /// source is live (``SinkStop/rejected(reason:otherFile:)``), else the download fails
+    /// (``RunState/lengthAnnounced(_:expected:source:)``); alone and announcing none, it is taken,
+    /// and the finished file must have the length.
     func checkLength(of decision: ResponseDecision, expected: Int64, source: Int) throws {
         let announced: Int64?
         switch decision {
         case .append(_, _, let total, _), .replace(let total, _): announced = total
         default: return
         }
-        guard announced != expected else { return }
-        if announced == nil, !lock.withLock({ state.sources.live.contains { $0 != source } }) { return }
-        let why = announced.map { "it announces \($0) bytes, the Metalink document \(expected)" }
-            ?? "it announces no length, the Metalink document \(expected) bytes"
-        let (notice, url) = lock.withLock { (state.retireOtherFile(source, why: why), state.sources.url(source)) }
-        guard let notice else {
+        switch lock.withLock({ state.lengthAnnounced(announced, expected: expected, source: source) }) {
+        case .fits:
+            return
+        case .fails(let why, let url):
             throw PickupError.verification("\(DownloadURL.redacted(url)) is not the file the Metalink document describes: \(why)")
+        case .rejected(let why, let notice):
+            if !notice.isEmpty { onEvent(.notice(notice)) }  // (empty: another connection retired it)
+            throw SinkStopped(.rejected(reason: why))
         }
-        if !notice.isEmpty { onEvent(.notice(notice)) }  // (empty: another connection retired it)
-        throw SinkStopped(.rejected(reason: why))
     }
 
     enum Stop { case stopped, stale, timedOut }

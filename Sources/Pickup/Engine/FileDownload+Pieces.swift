@@ -8,19 +8,7 @@ extension FileDownload {
     /// blocking-I/O pool, each piece read under `ioLock` (the file is not closed under it, and
     /// cut-outs and discards wait), which checkpoints and the run's end take between pieces.
     func checkCompletePieces(_ pieces: Metalink.Pieces, file: PartialFile) {
-        let found = lock.withLock { () -> (todo: [Int], total: Int64, generation: Int)? in
-            guard !state.ended, let total = record.totalLength, let count = pieces.count(total: total) else { return nil }
-            var todo: [Int] = []
-            for (a, b) in RunState.merged(record.segments.map { ($0.start, $0.start + $0.done) }) where b > a && b <= total {
-                // The pieces wholly inside [a, b): from the first that starts there to the last that ends there.
-                let first = Int(a / pieces.length + (a % pieces.length > 0 ? 1 : 0))
-                let last = min(count - 1, b == total ? Int((b - 1) / pieces.length) : Int(b / pieces.length) - 1)
-                if first <= last {
-                    for k in first...last where !state.pieces.good.contains(k) && !state.pieces.bad.contains(k) { todo.append(k) }
-                }
-            }
-            return (todo, total, state.pieces.generation)
-        }
+        let found = lock.withLock { state.piecesToCheck(pieces) }
         guard let found, !found.todo.isEmpty else { return }
         var bad: [(start: Int64, end: Int64)] = []
         for k in found.todo {
@@ -31,15 +19,8 @@ extension FileDownload {
             }
             guard let digest else { break }
             let good = digest == pieces.hashes[k]
-            // A bad piece is counted against its source once that is known (an attempt still
-            // writing it has not said yet: the next check reads it again); one that several
-            // sources, or a run before a kill, wrote is bad with no one to blame.
-            let recorded = lock.withLock { () -> (Bool, blame: Bool)? in
-                let writing = state.writing()
-                let sole = good ? nil : state.soleWriter(of: a, b, writing: writing)
-                if !good, sole == nil, writing.contains(where: { $0.start < b && $0.end > a }) { return nil }
-                return (state.checked(piece: k, good: good, generation: found.generation), sole != nil)
-            }
+            // (nil: a response still writing it has not said; the next check reads it again.)
+            let recorded = lock.withLock { state.pieceHashed(k, good: good, start: a, end: b, generation: found.generation) }
             guard let (stored, blame) = recorded else { continue }
             // (A new generation, or the round's end taking over: nothing more is recorded.)
             guard stored else { break }
@@ -48,21 +29,10 @@ extension FileDownload {
         if !bad.isEmpty { blame(bad, of: found.todo.count, pieces: pieces, after: "; fetching them again once the rest is here") }
     }
 
-    /// Counts `bad` pieces against the sources that wrote all of each (``RunState/soleWriter(of:_:)``):
+    /// Counts `bad` pieces against the sources that wrote all of each (``RunState/blame(_:now:)``):
     /// one that keeps sending bad pieces is rejected and named. Says so.
     func blame(_ bad: [(start: Int64, end: Int64)], of count: Int, pieces: Metalink.Pieces, after: String) {
-        let (blamed, notices, known) = lock.withLock { () -> ([String], [String], Bool) in
-            var blamed = Set<Int>(), notices: [String] = []
-            let writing = state.writing()
-            for (a, b) in bad {
-                guard let s = state.soleWriter(of: a, b, writing: writing) else { continue }
-                blamed.insert(s)
-                if let notice = state.badPiece(from: s, writers: state.writers(now: Clock.monotonic())) { notices.append(notice) }
-            }
-            // (Bad pieces that a source rejected already was still sending are not news.)
-            let known = !blamed.isEmpty && notices.isEmpty && blamed.allSatisfy { state.sources.isRetired($0) }
-            return (blamed.sorted().map { DownloadURL.redacted(state.sources.sources[$0].url) }, notices, known)
-        }
+        let (blamed, notices, known) = lock.withLock { state.blame(bad, now: Clock.monotonic()) }
         let from = blamed.isEmpty ? "" : " (sent by \(blamed.joined(separator: ", ")))"
         if !known { onEvent(.notice("\(bad.count) of \(count) pieces failed their \(pieces.algorithm.rawValue) hash\(from)\(after)")) }
         for notice in notices { onEvent(.notice(notice)) }

@@ -157,6 +157,74 @@ struct RunState {
         return true
     }
 
+    /// The pieces to check now: those wholly inside bytes the record holds durably and not found
+    /// good or bad yet, with the length and the checks' generation (``checked(piece:good:generation:)``);
+    /// nil once the run ended, while the length is unknown, or when `hashes` describe another length.
+    func piecesToCheck(_ hashes: Metalink.Pieces) -> (todo: [Int], total: Int64, generation: Int)? {
+        guard !ended, let total = record.totalLength, let count = hashes.count(total: total) else { return nil }
+        var todo: [Int] = []
+        for (a, b) in RunState.merged(record.segments.map { ($0.start, $0.start + $0.done) }) where b > a && b <= total {
+            // The pieces wholly inside [a, b): from the first that starts there to the last that ends there.
+            let first = Int(a / hashes.length + (a % hashes.length > 0 ? 1 : 0))
+            let last = min(count - 1, b == total ? Int((b - 1) / hashes.length) : Int(b / hashes.length) - 1)
+            if first <= last {
+                for k in first...last where !pieces.good.contains(k) && !pieces.bad.contains(k) { todo.append(k) }
+            }
+        }
+        return (todo, total, pieces.generation)
+    }
+
+    /// Piece `k`, bytes `start..<end`, read in `generation`, matched its hash or not. A bad piece
+    /// is counted against its source once that is known: nil while a response still writing it
+    /// has not said (the next check reads it again; one that several sources, or a run before a
+    /// kill, wrote is bad with no one to blame). Else whether it was recorded (false: a new
+    /// generation, or the round's end took over) and whether one source wrote all of it.
+    mutating func pieceHashed(_ k: Int, good: Bool, start: Int64, end: Int64, generation: Int) -> (recorded: Bool, blame: Bool)? {
+        let writing = writing()
+        let sole = good ? nil : soleWriter(of: start, end, writing: writing)
+        if !good, sole == nil, writing.contains(where: { $0.start < end && $0.end > start }) { return nil }
+        return (checked(piece: k, good: good, generation: generation), sole != nil)
+    }
+
+    /// `bad` pieces are counted against the sources that wrote all of each (``soleWriter(of:_:writing:)``,
+    /// ``badPiece(from:writers:)``): one that keeps sending bad pieces is rejected. Returns those
+    /// sources' URLs (redacted), the notices to show, and whether it is old news (every source
+    /// blamed was retired already, and nothing new is said).
+    mutating func blame(_ bad: [(start: Int64, end: Int64)], now: Double) -> (blamed: [String], notices: [String], known: Bool) {
+        var blamed = Set<Int>(), notices: [String] = []
+        let writing = writing()
+        for (a, b) in bad {
+            guard let s = soleWriter(of: a, b, writing: writing) else { continue }
+            blamed.insert(s)
+            if let notice = badPiece(from: s, writers: writers(now: now)) { notices.append(notice) }
+        }
+        let known = !blamed.isEmpty && notices.isEmpty && blamed.allSatisfy { sources.isRetired($0) }
+        return (blamed.sorted().map { DownloadURL.redacted(sources.sources[$0].url) }, notices, known)
+    }
+
+    /// What a length announced by a source means when a Metalink document gave the file's.
+    enum LengthCheck: Equatable {
+        /// It fits (the same length, or none from the only live source: the finished file must have it).
+        case fits
+        /// Not this file: the source is retired (`notice`: what to say; empty when another
+        /// connection retired it already) and its range goes on from another.
+        case rejected(why: String, notice: String)
+        /// Not this file, and no other source is live: the download fails.
+        case fails(why: String, url: String)
+    }
+
+    /// Source `source` announced `announced` bytes (nil: none) where the Metalink document says
+    /// `expected`: never trusted over the length. One that announces none (an FTP server without
+    /// SIZE, a gateway) is left for another source when there is one; alone, it is taken.
+    mutating func lengthAnnounced(_ announced: Int64?, expected: Int64, source: Int) -> LengthCheck {
+        guard announced != expected else { return .fits }
+        if announced == nil, !sources.live.contains(where: { $0 != source }) { return .fits }
+        let why = announced.map { "it announces \($0) bytes, the Metalink document \(expected)" }
+            ?? "it announces no length, the Metalink document \(expected) bytes"
+        guard let notice = retireOtherFile(source, why: why) else { return .fails(why: why, url: sources.url(source)) }
+        return .rejected(why: why, notice: notice)
+    }
+
     init(record: ControlRecord, minSplit: Int64, sources: SourceSet? = nil, cookies: [Cookie] = []) {
         checkpoints = Checkpoints(record: record)
         jar = cookies
