@@ -385,6 +385,24 @@ import Testing
         }
     }
 
+    /// A round that ends without the file starts another within the run's budget; responses that
+    /// keep disagreeing finish over one connection from the second restart on; past the budget
+    /// the run fails with what kept happening.
+    @Test func aRoundWithoutTheFileStartsAnotherWithinTheBudget() {
+        var s = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
+        #expect(s.roundEnded(.changed("the ETag changed"), maxRestarts: 3, connections: 4) == .startOver(notice: "the ETag changed; starting over from zero"))
+        let second = s.roundEnded(.changed("the ETag changed"), maxRestarts: 3, connections: 4)
+        guard case .startOver(let notice) = second else { Issue.record("\(second)"); return }
+        #expect(notice.contains("one connection") && s.connections == .alone(0))
+        #expect(s.roundEnded(.rangesLeft, maxRestarts: 3, connections: 4) == .again)
+        #expect(s.roundEnded(.hashFailed, maxRestarts: 3, connections: 4) == .fail(.verification("the file keeps failing its hash, whichever source its bytes come from")))
+        var t = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
+        #expect(t.roundEnded(.rangesLeft, maxRestarts: 0, connections: 1) == .fail(.network("every connection failed with ranges left to fetch")))
+        var u = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
+        _ = u.roundEnded(.changed("x"), maxRestarts: 5, connections: 1)
+        #expect(u.roundEnded(.changed("x"), maxRestarts: 5, connections: 1) == .startOver(notice: "x; starting over from zero"), "one connection: nothing to go alone on")
+    }
+
     @Test func whichConnectionsFetchIsOnePhase() {
         let (writers, running) = (Self.writers, Self.running)
         var s = running(4)

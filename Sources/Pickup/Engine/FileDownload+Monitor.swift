@@ -3,24 +3,9 @@ import Foundation
 /// The periodic side of a run, driven by the ``DownloadMonitor``'s ticks: progress reports,
 /// checkpoints and write-behind queued on the blocking-I/O pool, and the connection tuner.
 extension FileDownload {
-    /// What the monitor's ticks need, guarded by `tickLock` (held for a whole tick, so that
-    /// ``stopMonitoring()`` waits for one in progress).
-    struct Ticks {
-        var monitored = false
-        var meter = SpeedMeter()
-        var started = 0.0
-        var lastProgress = 0.0
-        var lastCheckpoint = 0.0
-        /// `transferred` at the last write-behind.
-        var writtenBehind: Int64 = 0
-    }
-
     /// Starts progress reports, checkpoints and tuner samples (see ``DownloadMonitor``).
     func startMonitoring() {
-        tickLock.withLock {
-            let now = Clock.monotonic()
-            ticks = Ticks(monitored: true, started: now, lastProgress: now, lastCheckpoint: now)
-        }
+        tickLock.withLock { ticks.start(now: Clock.monotonic()) }
         monitor.add(self)
     }
 
@@ -38,26 +23,20 @@ extension FileDownload {
     func tick(now: Double) -> Bool {
         tickLock.withLock {
             guard ticks.monitored else { return false }
-            if now - ticks.lastProgress >= options.progressInterval * 0.9 {
-                ticks.lastProgress = now
+            let due = ticks.tick(now: now, written: transferred.load(ordering: .relaxed))
+            if let speed = due.progress {
                 let (held, total, patience, connections) = lock.withLock {
                     (state.heldBytes, record.totalLength, state.patience.values.max() ?? 0, state.activeConnections)
                 }
-                let speed = ticks.meter.add(time: now, bytes: transferred.load(ordering: .relaxed))
                 let stall = patience > 0 ? transport.stallTimeout(patience: patience) : nil
                 onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed, stallTimeout: stall,
-                                                             connections: connections)))
+                                                   connections: connections)))
             }
-            if now - ticks.lastCheckpoint >= options.checkpointInterval {
-                ticks.lastCheckpoint = now
+            if due.checkpoint {
                 checkpointSoon()
                 if let pieces = request.pieces { checkPiecesSoon(pieces) }
             }
-            let written = transferred.load(ordering: .relaxed)
-            if written - ticks.writtenBehind >= Self.writeBehindBytes {
-                ticks.writtenBehind = written
-                writeBehindSoon()
-            }
+            if due.writeBehind { writeBehindSoon() }
             return tune() && now - ticks.started < 1
         }
     }

@@ -23,10 +23,10 @@ extension FileDownload {
     /// Runs connections until every byte is held, or a first answer made it unnecessary.
     func transferAll(file: PartialFile, conditional initial: (FilePath, CompletionRecord)?) async throws -> Transferred {
         var conditional = initial
-        var restarts = 0
         while true {
             let (stream, continuation) = AsyncStream<Void>.makeStream()
             lock.withLock { state.newRound(connections: options.connections, wake: continuation) }
+            let ended: RunState.RoundEnd
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     let first = conditional
@@ -58,33 +58,23 @@ extension FileDownload {
                             ? try self.searchForTheBadSource(file: file) : false
                     }
                     if good { return .complete }
-                    restarts += 1
-                    guard restarts <= options.retry.maxAttemptsWithoutProgress else {
-                        throw PickupError.verification("the file keeps failing its hash, whichever source its bytes come from")
-                    }
-                    continue
-                }
-                // Every connection retired with ranges left (they kept failing while others worked):
-                // a fresh round of connections takes the rest, within the same restart budget.
-                restarts += 1
-                guard restarts <= options.retry.maxAttemptsWithoutProgress else {
-                    throw PickupError.network("every connection failed with ranges left to fetch")
+                    ended = .hashFailed
+                } else {
+                    ended = .rangesLeft
                 }
             } catch let change as RepresentationChanged {
-                restarts += 1
-                guard restarts <= options.retry.maxAttemptsWithoutProgress else {
-                    throw PickupError.server(status: nil, "\(change.reason), again after starting over")
-                }
-                // Responses that keep disagreeing (several servers behind one name, each with its
-                // own validators): one connection from now on, so that one server's bytes make the file.
-                if restarts >= 2, options.connections > 1, lock.withLock({ state.fetchAlone(0, once: true) }) {
-                    onEvent(.notice("\(change.reason) again; the responses disagree on the file's validators "
-                        + "(a load balancer whose servers disagree?), so it starts over and finishes over one connection"))
-                } else {
-                    onEvent(.notice("\(change.reason); starting over from zero"))
-                }
+                ended = .changed(change.reason)
+            }
+            // What the run does next (``RunState/roundEnded(_:maxRestarts:connections:)``).
+            switch lock.withLock({ state.roundEnded(ended, maxRestarts: options.retry.maxAttemptsWithoutProgress, connections: options.connections) }) {
+            case .again:
+                continue
+            case .startOver(let notice):
+                onEvent(.notice(notice))
                 try await restartFromZero(file)
                 conditional = nil
+            case .fail(let error):
+                throw error
             }
         }
     }

@@ -76,7 +76,9 @@ final class FileDownload: @unchecked Sendable {
     static let lanes = ManagedAtomic(0)
 
     let tickLock = NIOLock()
-    var ticks = Ticks()
+    /// What the monitor's ticks decide (``Ticks``), guarded by `tickLock` (held for a whole tick, so
+    /// that ``stopMonitoring()`` waits for one in progress).
+    var ticks: Ticks
 
     init(request: DownloadRequest, options: DownloadOptions, transport: any Transport, monitor: DownloadMonitor? = nil,
          onEvent: @escaping @Sendable (DownloadEvent) -> Void) throws(PickupError) {
@@ -95,6 +97,8 @@ final class FileDownload: @unchecked Sendable {
         cursorName = DownloadFiles.cursorName(control: controlName)
         dir = try DirectoryHandle.open(directory, under: request.root, create: true)
         userHeaders = RequestOptions.userHeaders(request.options.headers, for: request.url)
+        ticks = Ticks(progressEvery: options.progressInterval, checkpointEvery: options.checkpointInterval,
+                      writeBehindEvery: Self.writeBehindBytes)
         state = RunState(record: ControlRecord.empty(url: request.url), minSplit: options.minSplitSize,
                          sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections),
                          cookies: request.options.cookies)

@@ -92,6 +92,51 @@ struct RunState {
     /// I/O handle the state hands out, never calls).
     private(set) var wake: AsyncStream<Void>.Continuation?
 
+    /// Rounds of connections this run started again (``roundEnded(_:maxRestarts:connections:)``).
+    private(set) var restarts = 0
+
+    /// Why a round of connections ended without the file.
+    enum RoundEnd: Equatable {
+        /// Every byte is held but the file fails its hash (pieces cut out, or a source suspected).
+        case hashFailed
+        /// Every connection retired with ranges left (they kept failing while others worked).
+        case rangesLeft
+        /// The representation changed (`reason`): the held bytes are discarded.
+        case changed(String)
+    }
+
+    /// What the run does after a round ended without the file.
+    enum NextRound: Equatable {
+        /// A fresh round of connections takes the rest.
+        case again
+        /// Everything held is discarded first (`notice`: what to say).
+        case startOver(notice: String)
+        /// The run fails.
+        case fail(PickupError)
+    }
+
+    /// A round ended without the file (`why`): another round, within `maxRestarts` in the run
+    /// (the budget of attempts without progress); responses that keep disagreeing on the file's
+    /// validators (several servers behind one name, each with its own) finish over one connection
+    /// from the second restart on, so that one server's bytes make the file.
+    mutating func roundEnded(_ why: RoundEnd, maxRestarts: Int, connections: Int) -> NextRound {
+        restarts += 1
+        let over = restarts > maxRestarts
+        switch why {
+        case .hashFailed:
+            return over ? .fail(.verification("the file keeps failing its hash, whichever source its bytes come from")) : .again
+        case .rangesLeft:
+            return over ? .fail(.network("every connection failed with ranges left to fetch")) : .again
+        case .changed(let reason):
+            if over { return .fail(.server(status: nil, "\(reason), again after starting over")) }
+            if restarts >= 2, connections > 1, fetchAlone(0, once: true) {
+                return .startOver(notice: "\(reason) again; the responses disagree on the file's validators "
+                    + "(a load balancer whose servers disagree?), so it starts over and finishes over one connection")
+            }
+            return .startOver(notice: "\(reason); starting over from zero")
+        }
+    }
+
     /// A response to a request with `If-Range` was taken: the bytes held at the start are confirmed.
     mutating func heldBytesConfirmed() { heldConfirmed = true }
 
