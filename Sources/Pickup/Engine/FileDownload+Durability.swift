@@ -15,11 +15,11 @@ extension FileDownload {
             try ControlFile.store(record, as: controlName, in: dir, durable: durable, barrier: true)
             lock.withLock { state.stored(record, version: version) }
         case .syncAndStore(let record, let version):
-            if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
+            if let failed = lock.withLock({ state.syncFailure }) { throw failed }
             do {
                 try file?.sync(barrier: true)
             } catch {
-                syncFailure.withLockedValue { $0 = $0 ?? error }
+                lock.withLock { state.syncFailed(error) }
                 throw error
             }
             try ControlFile.store(record, as: controlName, in: dir, durable: true, barrier: true)

@@ -52,6 +52,8 @@ extension FileDownload {
 
     private func finishLocked(file: PartialFile, previous: (FilePath, CompletionRecord)?) throws -> (FilePath, Int64, ExpectedDigest?) {
         let size = try lock.withLock { () throws -> Int64 in
+            // (An fsync failed: what is not durable may be gone. Under `ioLock`, no other fsync runs now.)
+            if let failed = state.syncFailure { throw failed }
             let size = record.totalLength ?? state.heldBytes
             guard state.heldBytes == size else {
                 throw PickupError.server(status: nil, "internal: finishing with \(state.heldBytes) of \(size) bytes")
@@ -63,7 +65,6 @@ extension FileDownload {
             return size
         }
         if try file.size() > size { try file.truncate(to: size) }
-        if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
         try file.sync()
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).

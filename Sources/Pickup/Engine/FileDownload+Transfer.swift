@@ -180,16 +180,18 @@ extension FileDownload {
         }
         while true {
             try Task.checkCancellation()
-            if let failed = syncFailure.withLockedValue({ $0 }) { throw failed }
             // What the run says before this attempt, in one look (``RunState/beforeAttempt(_:at:holding:)``),
-            // with the fields to send and the quickest answer so far (the pieces' length).
+            // with the fields to send and the quickest answer so far (the pieces' length); none
+            // after an fsync failed (``RunState/syncFailure``).
             let holding = cursor.position.load(ordering: .relaxed) > 0
-            let (before, fields, latency) = lock.withLock { () -> (RunState.BeforeAttempt, HTTPFields, Double?) in
+            let (before, fields, latency, failed) = lock.withLock { () -> (RunState.BeforeAttempt, HTTPFields, Double?, PickupError?) in
+                if let failed = state.syncFailure { return (.stop, [:], nil, failed) }
                 let before = state.beforeAttempt(id, at: source, holding: holding)
-                guard case .go(let to, _, _, _, _) = before else { return (before, [:], nil) }
+                guard case .go(let to, _, _, _, _) = before else { return (before, [:], nil, nil) }
                 if to != source { move(to: to) }
-                return (before, fieldsLocked(for: attempt.url, source: source), state.quickestAnswer)
+                return (before, fieldsLocked(for: attempt.url, source: source), state.quickestAnswer, nil)
             }
+            if let failed { throw failed }
             guard case .go(_, let several, let validators, let total, let patience) = before else {
                 if before == .noConfirmer { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
                 return .retired

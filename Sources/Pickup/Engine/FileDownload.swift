@@ -60,11 +60,6 @@ final class FileDownload: @unchecked Sendable {
     let userHeaders: [RequestHeader]
     /// A checkpoint is queued or running on the blocking-I/O pool.
     let checkpointQueued = ManagedAtomic(false)
-    /// An fsync of the partial file failed: the kernel may have dropped the bytes it could not
-    /// write (and a later fsync would not say so), so nothing written since the last durable
-    /// checkpoint may ever be claimed. The run ends with this error (exit 6), keeping what was
-    /// durable before.
-    let syncFailure = NIOLockedValueBox<PickupError?>(nil)
     /// A write-behind is queued or running on the pool.
     let writeBehindQueued = ManagedAtomic(false)
     /// A check of completed pieces is queued or running.

@@ -92,6 +92,15 @@ struct RunState {
     /// I/O handle the state hands out, never calls).
     private(set) var wake: AsyncStream<Void>.Continuation?
 
+    /// An fsync of the partial file failed: the kernel may have dropped the bytes it could not
+    /// write (and a later fsync would not say so), so nothing written since the last durable
+    /// checkpoint may ever be claimed. The run ends with this error (exit 6), keeping what was
+    /// durable before; no attempt starts and nothing is stored after it.
+    private(set) var syncFailure: PickupError?
+
+    /// An fsync of the partial file failed with `error` (the first failure is kept).
+    mutating func syncFailed(_ error: PickupError) { syncFailure = syncFailure ?? error }
+
     /// Rounds of connections this run started again (``roundEnded(_:maxRestarts:connections:)``).
     private(set) var restarts = 0
 
