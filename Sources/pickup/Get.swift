@@ -320,7 +320,7 @@ struct EngineFlags: ParsableArguments {
             options.checkpointInterval = seconds
         }
         // A test hook: ranges in pieces over plain HTTP too (the torture test's server speaks it).
-        if let p = ProcessInfo.processInfo.environment["PICKUP_TEST_PIECEWISE"] { options.piecewise = p == "1" }
+        if let p = ProcessInfo.processInfo.environment["PICKUP_TEST_PIECEWISE"], p == "0" || p == "1" { options.piecewise = p == "1" }
         var transport = HTTPClientTransport.Options()
         transport.insecure = insecure
         transport.stallTimeout = stallTimeout

@@ -319,9 +319,14 @@ import Testing
         s.newRound(connections: 3)
         let first = s.connectionOpens(0, finishedAt: nil, now: 0, connections: 3)
         #expect(first?.asked == true && first?.cursor?.segment == 0 && s.cursors[0] === first?.cursor)
-        // A finished file's check is made where its validators are from: not a URL of this run.
+        // A finished file's check is made at the source its validators are from: a mirror's.
+        var m = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
+                         sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
+        m.newRound(connections: 2)
+        let atMirror = m.connectionOpens(0, finishedAt: "http://b/f", now: 0, connections: 2)
+        #expect(atMirror?.asked == true && m.sources.source(of: 0) == 1, "connection 0 asks the mirror the finished file came from")
         let elsewhere = s.connectionOpens(1, finishedAt: "http://other/", now: 0, connections: 3)
-        #expect(elsewhere?.asked == true, "an unknown source is not asked about; the URL given is")
+        #expect(elsewhere?.asked == true && s.sources.source(of: 1) == 0, "an unknown source is not asked about; the URL given is")
         _ = s.partialResponse(segment: 0, at: 0, total: 100_000,
                               validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
                               digest: nil, connections: 3)

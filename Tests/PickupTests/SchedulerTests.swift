@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 @testable import Pickup
@@ -50,6 +51,25 @@ import Testing
         r.plan(connections: 4)
         let left = r.segments.filter { $0.remaining > 0 }.map(\.remaining).sorted()
         #expect(left == [10 * MiB, 10 * MiB, 10 * MiB, 10 * MiB])
+        checkCoverage(r)
+        // A range that cannot take another part does not stop the others: 1.9 and 5.9 MiB left,
+        // six connections: the larger in five parts.
+        var uneven = SegmentScheduler(total: 8 * MiB, records: [
+            SegmentRecord(start: 0, end: 2 * MiB, done: MiB / 10), SegmentRecord(start: 2 * MiB, end: 8 * MiB, done: MiB / 10),
+        ], minSplit: MiB)
+        uneven.plan(connections: 6)
+        #expect(uneven.segments.filter { $0.remaining > 0 }.count == 6)
+        checkCoverage(uneven)
+        // The first part keeps its response's end when a minimum piece lies beyond it; the others
+        // share the rest.
+        var kept = SegmentScheduler(total: 64 * MiB, records: [], minSplit: MiB)
+        kept.claim(0, by: 0)
+        kept.requesting(0, upTo: 40 * MiB)
+        kept.plan(connections: 4)
+        #expect(kept.segments[0].end == 40 * MiB && kept.segments.count == 4)
+        let others = kept.segments.dropFirst().map { (seg: SegmentScheduler.Segment) -> Int64 in seg.end - seg.start }
+        #expect(others == [8 * MiB, 8 * MiB, 8 * MiB])
+        checkCoverage(kept)
     }
 
     /// A split lands where the victim's response ends when at least a minimum piece lies beyond
@@ -99,6 +119,37 @@ import Testing
         checkCoverage(s)
     }
 
+    /// Random files, holes and connection counts (seeded; `PICKUP_PLAN_SEED` replays one): the
+    /// plan's ranges never overlap, cover the file, each has at least a minimum piece left or was
+    /// there before, and there are never more than the connections asked for.
+    @Test func randomPlansCoverTheFileInRangesOfAMinimumPiece() {
+        let seed = ProcessInfo.processInfo.environment["PICKUP_PLAN_SEED"].flatMap(UInt64.init) ?? UInt64.random(in: 1...UInt64(UInt32.max))
+        print("plan property test: seed \(seed) (replay with PICKUP_PLAN_SEED=\(seed))")
+        var random = SplitMix(state: seed)
+        func pick(_ n: UInt64) -> UInt64 { random.next() % n }
+        for trial in 0..<500 {
+            let total: Int64 = pick(8) == 0 ? .max : Int64(pick(1 << 40)) + 1
+            let minSplit = Int64(pick(1 << 24)) + 1
+            // Up to four holes: ranges with some of their bytes done.
+            var bounds = (0..<Int(pick(4))).map { _ in Int64(pick(UInt64(total))) }
+            bounds = Array(Set(bounds + [0, total])).sorted()
+            let records = zip(bounds, bounds.dropFirst()).map { a, b in
+                SegmentRecord(start: a, end: b, done: Int64(pick(UInt64(b - a) + 1)))
+            }
+            let connections = Int(pick(33)) + 1
+            var s = SegmentScheduler(total: total, records: records, minSplit: minSplit)
+            let before = s.segments.filter { $0.remaining > 0 }.count
+            s.plan(connections: connections)
+            let live = s.segments.filter { $0.remaining > 0 }
+            let bounded = live.count <= max(before, connections)
+            let added = s.segments.dropFirst(records.count)
+            let longEnough = added.allSatisfy { (seg: SegmentScheduler.Segment) -> Bool in seg.end - seg.start >= minSplit }
+            #expect(bounded, "trial \(trial), seed \(seed)")
+            #expect(longEnough, "trial \(trial), seed \(seed)")
+            checkCoverage(s)
+        }
+    }
+
     @Test func neverSplitsBelowTheMinimum() {
         var s = SegmentScheduler(total: 3 * MiB, records: [], minSplit: MiB)
         s.plan(connections: 16)
@@ -133,7 +184,9 @@ import Testing
         let a = s.next(for: 1, rates: [0: 2 * 1_048_576], thiefRate: 20 * 1_048_576)
         let keep = s.segments[0].end - s.segments[0].next
         #expect(a?.shrunk?.segment == 0)
-        #expect(abs(Double(keep) - 45.0 / 11.0 * Double(MiB)) < Double(MiB) / 100)  // 45 * 2/22
+        let expected: Double = 45.0 / 11.0 * Double(MiB)  // 45 * 2/22
+        let off: Double = abs(Double(keep) - expected)
+        #expect(off < Double(MiB) / 100)
         // The victim is the range that would finish last, not the longest.
         var t = twoConnections(total: 100 * MiB)
         t.report(0, done: 40 * MiB)  // 10 MiB left, fast

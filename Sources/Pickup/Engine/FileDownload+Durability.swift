@@ -102,13 +102,13 @@ extension FileDownload {
     /// head's `BlockingIO` thread, before its body is written, not with `lock` held.
     /// `orRecorded`: an unknown `total` is the record's length (a range of the file described).
     func mapCursorsIfLarge(total: Int64?, orRecorded: Bool = false) {
-        guard options.cursorFile else { return }
-        let (wanted, epoch) = lock.withLock {
-            ((total ?? (orRecorded ? record.totalLength : nil) ?? .max) > Checkpoints.smallFile && state.cursorFile == nil,
-             record.epoch ?? 0)
-        }
-        guard wanted, let mapped = CursorFile.open(cursorName, in: dir) else { return }
-        mapped.reset(epoch: epoch)
+        guard options.cursorFile,
+            lock.withLock({ (total ?? (orRecorded ? record.totalLength : nil) ?? .max) > Checkpoints.smallFile && state.cursorFile == nil }),
+            let mapped = CursorFile.open(cursorName, in: dir)
+        else { return }
+        // The epoch once the file is open (a discard meanwhile made a new one), the slots reset to
+        // it before any cursor is kept there.
+        mapped.reset(epoch: lock.withLock { record.epoch ?? 0 })
         lock.withLock { state.mapped(mapped) }
     }
 }

@@ -273,8 +273,9 @@ final class FileDownload: @unchecked Sendable {
             }
             if let recovered { try ioLock.withLock { try perform(recovered, file: file) } }
         }
-        // What the slots held is in the control file now: they start again for this run (before
-        // any connection writes through them).
+        // What the slots held is in the control file now: they start again for this run. (Here in
+        // `prepare`, before any connection or checkpoint runs: the recovery's store above needs no
+        // `lock` around its decision, and the mapping may be registered before its reset.)
         let now = lock.withLock { () -> ControlRecord in
             if let mapped { state.mapped(mapped) }
             return self.record

@@ -190,7 +190,8 @@ public struct SegmentScheduler: Sendable, Equatable {
 
     /// Splits the work left so that up to `connections` ranges can run at once (the initial plan):
     /// each range with bytes left gets parts in proportion to what it has left (a part at a time
-    /// to the range whose parts are largest, none under two minimum pieces), and is cut into that
+    /// to the range whose parts are largest among those that can still take one, no part under a
+    /// minimum piece), and is cut into that
     /// many equal parts. Equal parts finish together: halving the largest range again and again
     /// leaves ranges twice as long as others for any count but a power of two (6 connections: four
     /// of 6 MiB and two of 12 in 48 MiB), and their ends are then fetched by splits, each costing
@@ -202,8 +203,8 @@ public struct SegmentScheduler: Sendable, Equatable {
         var parts = [Int](repeating: 1, count: segments.count)
         for _ in live.count..<connections {
             // (Compared as remaining₁ / parts₁ < remaining₂ / parts₂, multiplied out in Double.)
-            guard let i = live.max(by: { Double(segments[$0].remaining) * Double(parts[$1]) < Double(segments[$1].remaining) * Double(parts[$0]) }),
-                segments[i].remaining / Int64(parts[i] + 1) >= minSplit
+            guard let i = live.filter({ segments[$0].remaining / Int64(parts[$0] + 1) >= minSplit })
+                .max(by: { Double(segments[$0].remaining) * Double(parts[$1]) < Double(segments[$1].remaining) * Double(parts[$0]) })
             else { break }
             parts[i] += 1
         }
