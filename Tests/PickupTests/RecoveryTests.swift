@@ -30,6 +30,28 @@ import TestServer
         if case .resume = Recovery.decide(w, url: "http://h/f") { Issue.record("a weak ETag resumed across runs") }
     }
 
+    /// Numbers past their range in a control file (its checksum right: written by hand or by
+    /// another program) start over instead of reaching arithmetic that traps.
+    @Test func aControlFileWithNumbersPastTheirRangeStartsOver() {
+        let hostile: [[SegmentRecord]] = [
+            [SegmentRecord(start: Int64.max - 1, end: nil, done: 5)],  // start + done overflows
+            [SegmentRecord(start: 0, end: Int64.min, done: 0)],  // end - next would overflow
+            [SegmentRecord(start: 0, end: nil, done: Int64.max / 2 + 1), SegmentRecord(start: 1, end: nil, done: Int64.max / 2 + 1)],  // the sum overflows
+            [SegmentRecord(start: -1, end: 10, done: 0)],
+        ]
+        for segments in hostile {
+            let found = Recovery.Found(record: Self.record(validators: Self.strong, segments: segments), controlExists: true,
+                                       partialSize: Int64.max, written: nil)
+            guard case .startOver = Recovery.decide(found, url: "http://h/f") else {
+                Issue.record("kept: \(segments)")
+                continue
+            }
+        }
+        let negative = Recovery.Found(record: Self.record(validators: Self.strong, segments: [SegmentRecord(start: 0, end: nil, done: 0)], total: -5),
+                                      controlExists: true, partialSize: 0, written: nil)
+        if case .resume = Recovery.decide(negative, url: "http://h/f") { Issue.record("a negative length was kept") }
+    }
+
     @Test func aCompleteFileIsConfirmedBeforeItIsPutInPlace() {
         // Without a validator nothing can confirm it: fetched again.
         let r = Self.record(validators: nil, segments: [SegmentRecord(start: 0, end: 1000, done: 1000)])

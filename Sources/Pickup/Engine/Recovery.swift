@@ -55,15 +55,27 @@ enum Recovery {
         guard record.url == url else {
             return .anotherURL("a partial download of another URL (\(DownloadURL.redacted(record.url))) was at this path; starting over")
         }
+        // A control file is input like any other: numbers past their range (a negative start, a
+        // range whose end overflows, a negative length) are a damaged file, before any sum.
+        guard record.totalLength.map({ $0 >= 0 }) ?? true,
+            record.segments.allSatisfy({
+                $0.done >= 0 && $0.start >= 0 && ($0.end.map { $0 >= 0 } ?? true) && !$0.start.addingReportingOverflow($0.done).overflow
+            })
+        else { return .startOver("the partial download's control file is damaged; starting over") }
         let claimed = record.segments.filter { $0.done > 0 }.map { $0.start + $0.done }.max() ?? 0
-        guard found.partialSize >= claimed, record.segments.allSatisfy({ $0.done >= 0 && $0.start >= 0 }) else {
+        guard found.partialSize >= claimed else {
             return .startOver("the partial file is missing or shorter than recorded; starting over")
         }
         var segments = record.segments
         if let written = found.written, written.allSatisfy({ $0.start >= 0 && $0.start <= $0.end && $0.end <= found.partialSize }) {
             segments = record.merging(written: written)
         }
-        let held = segments.reduce(0) { $0 + $1.done }
+        // (Ranges that overlap could sum past Int64: a damaged file too.)
+        let (held, overflow) = segments.reduce((Int64(0), false)) { sum, s in
+            let (next, o) = sum.0.addingReportingOverflow(s.done)
+            return (next, sum.1 || o)
+        }
+        if overflow { return .startOver("the partial download's control file is damaged; starting over") }
         // With mirrors, a strong validator of any source that is not rejected will do: the run's
         // first request from held bytes goes to such a source (``FileDownload/fetchRange``).
         let strong = record.validators?.ifRange != nil
