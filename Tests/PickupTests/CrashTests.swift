@@ -197,9 +197,10 @@ func stopProcess(_ pid: pid_t) async {
         let readAhead = Int64(2 * ((connections - 1) * share + options.maxReadSize))
 
         var random = SplitMix(state: UInt64(connections))
-        // Server bytes into each run at which it is killed: the first within its first bytes, the
-        // others between a sixth and a fifth of the file, more than the allowance below (so the
-        // bound says something of each of them) and less than the file in all.
+        // Server bytes into each run at which it is killed: the first within its first bytes (for
+        // the first run's start: there the allowance below is more than was sent, so only the
+        // byte-exact rerun is checked), the others between a sixth and a fifth of the file, more
+        // than the allowance (so the bound says something of each of them) and less than the file in all.
         let moments = [1] + (0..<4).map { _ in size / 6 + Int(random.next() % UInt64(size / 5 - size / 6)) }
         var held: Int64 = 0
         for moment in moments {

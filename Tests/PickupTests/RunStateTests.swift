@@ -339,8 +339,15 @@ import Testing
         let held = (0..<3).first { $0 != keeper }!
         let none = s.work(for: held, endgame: true, now: 1, connections: 3)
         #expect(none.cursor == nil && s.waitsForRestore(held) && !s.waitsForRestore(keeper))
+        var t = s
         s.connectionsRestored()
         #expect(!s.waitsForRestore(held))
+        // The kept connection leaving with bytes left brings the others back: no wait without end.
+        let other = (0..<3).first { $0 != keeper && $0 != held }!
+        let otherLeft = t.connectionLeft(other)
+        #expect(!otherLeft, "another connection leaving changes nothing")
+        let keeperLeft = t.connectionLeft(keeper)
+        #expect(keeperLeft && !t.waitsForRestore(held))
     }
 
     /// Piece checks are the state's to decide: which pieces are whole in the durable bytes, whether
@@ -365,9 +372,10 @@ import Testing
         s.wrote(500, 700, by: 1)
         let five = s.pieceHashed(5, good: false, start: 500, end: 600, generation: found!.generation)
         #expect(five?.recorded == true && five?.blame == true)
+        #expect(s.pieceHashed(6, good: false, start: 600, end: 700, generation: found!.generation)?.blame == true)
         let zero = s.pieceHashed(0, good: true, start: 0, end: 100, generation: found!.generation)
         #expect(zero?.recorded == true && zero?.blame == false)
-        #expect(s.piecesToCheck(hashes)?.todo == [1, 6, 7, 8, 9], "checked pieces are not read again")
+        #expect(s.piecesToCheck(hashes)?.todo == [1, 7, 8, 9], "checked pieces are not read again")
         // An old generation records nothing.
         #expect(s.pieceHashed(1, good: true, start: 100, end: 200, generation: found!.generation + 1)?.recorded == false)
         // Bad pieces of source 1, twice: it is rejected, and named.
@@ -406,6 +414,9 @@ import Testing
         var u = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
         _ = u.roundEnded(.changed("x"), maxRestarts: 5, connections: 1)
         #expect(u.roundEnded(.changed("x"), maxRestarts: 5, connections: 1) == .startOver(notice: "x; starting over from zero"), "one connection: nothing to go alone on")
+        var v = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
+        _ = v.roundEnded(.changed("x"), maxRestarts: 1, connections: 1)
+        #expect(v.roundEnded(.changed("x"), maxRestarts: 1, connections: 1) == .fail(.server(status: nil, "x, again after starting over")))
     }
 
     @Test func whichConnectionsFetchIsOnePhase() {
@@ -568,6 +579,12 @@ import Testing
             return
         }
         #expect(!later.decided && !later.openMore && !later.described && !later.nameTarget && !later.tuning)
+        // A writer whose answer is being decided, not registered yet: its end is its range's too.
+        let pending = s.cursor(1, start: 25_000, position: 25_000, end: nil)
+        let pendingAnswer = RunState.RangeAnswer(cursor: pending, at: 25_000, end: nil, total: 100_000, validators: strong, source: 0,
+                                                 connection: 1, digest: nil, latency: 0.01, mirrors: [], connections: 4)
+        if case .write = s.rangeAnswered(pendingAnswer) {} else { Issue.record("a later range's answer not written") }
+        #expect(pending.end.load(ordering: .relaxed) == 50_000, "an unregistered writer's end is lowered to its range's")
         #expect(s.sources.sources.count == 2, "mirrors are taken from the first answer only")
 
         // A weak validator (and no mirror): one connection, no tuner.

@@ -1,4 +1,3 @@
-import Foundation
 import Testing
 
 @testable import Pickup
@@ -123,8 +122,7 @@ import Testing
     /// plan's ranges never overlap, cover the file, each has at least a minimum piece left or was
     /// there before, and there are never more than the connections asked for.
     @Test func randomPlansCoverTheFileInRangesOfAMinimumPiece() {
-        let seed = ProcessInfo.processInfo.environment["PICKUP_PLAN_SEED"].flatMap(UInt64.init) ?? UInt64.random(in: 1...UInt64(UInt32.max))
-        print("plan property test: seed \(seed) (replay with PICKUP_PLAN_SEED=\(seed))")
+        let seed = propertySeed("PICKUP_PLAN_SEED", "plan property test")
         var random = SplitMix(state: seed)
         func pick(_ n: UInt64) -> UInt64 { random.next() % n }
         for trial in 0..<500 {
@@ -138,13 +136,18 @@ import Testing
             }
             let connections = Int(pick(33)) + 1
             var s = SegmentScheduler(total: total, records: records, minSplit: minSplit)
-            let before = s.segments.filter { $0.remaining > 0 }.count
+            let left = s.segments.map(\.remaining).filter { $0 > 0 }
+            let before = left.count
+            // Each range takes as many parts as it has minimum pieces left (one at least), up to the connections.
+            let room = left.reduce(Int64(0)) { $0 + min(Int64(connections), max(1, $1 / minSplit)) }
+            let expected = before >= connections ? before : Int(min(Int64(connections), room))
             s.plan(connections: connections)
             let live = s.segments.filter { $0.remaining > 0 }
             let bounded = live.count <= max(before, connections)
             let added = s.segments.dropFirst(records.count)
             let longEnough = added.allSatisfy { (seg: SegmentScheduler.Segment) -> Bool in seg.end - seg.start >= minSplit }
             #expect(bounded, "trial \(trial), seed \(seed)")
+            #expect(live.count == expected, "trial \(trial), seed \(seed): \(live.count) ranges, \(expected) expected")
             #expect(longEnough, "trial \(trial), seed \(seed)")
             checkCoverage(s)
         }

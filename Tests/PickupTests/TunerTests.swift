@@ -190,8 +190,14 @@ import TestServer
         let tuned = NIOLockedValueBox<[ConnectionTuner.Action]>([])
         let downloader = Self.tunedDownloader(state: state.path, busy: busy, piecewise: piecewise) { a in tuned.withLockedValue { $0.append(a) } }
         let events = EventLog()
-        _ = try await downloader.download(DownloadRequest(url: server.url("/t.bin"), destination: .directory(dir.path))) {
-            events.record($0)
+        do {
+            _ = try await downloader.download(DownloadRequest(url: server.url("/t.bin"), destination: .directory(dir.path))) {
+                events.record($0)
+            }
+        } catch {
+            await downloader.shutdown()
+            await server.stop()
+            throw error
         }
         let exact = dir.read("t.bin") == body
         let requests = server.requests("/t.bin")

@@ -87,7 +87,13 @@ extension FileDownload {
         guard let opened = lock.withLock({
             state.connectionOpens(id, finishedAt: conditional?.1.source, now: Clock.monotonic(), connections: options.connections)
         }) else { return }
-        defer { lock.withLock { state.connectionLeft(id) } }
+        defer {
+            // The connection the tuner kept left with bytes to fetch: the held ones go on.
+            if lock.withLock({ state.connectionLeft(id) }) {
+                trial.store(-1, ordering: .relaxed)
+                restore.open()
+            }
+        }
         var conditional = opened.asked ? conditional : nil
         var cursor = opened.cursor
         while true {
@@ -184,14 +190,13 @@ extension FileDownload {
             // with the fields to send and the quickest answer so far (the pieces' length); none
             // after an fsync failed (``RunState/syncFailure``).
             let holding = cursor.position.load(ordering: .relaxed) > 0
-            let (before, fields, latency, failed) = lock.withLock { () -> (RunState.BeforeAttempt, HTTPFields, Double?, PickupError?) in
-                if let failed = state.syncFailure { return (.stop, [:], nil, failed) }
+            let (before, fields, latency) = try lock.withLock { () throws -> (RunState.BeforeAttempt, HTTPFields, Double?) in
+                if let failed = state.syncFailure { throw failed }
                 let before = state.beforeAttempt(id, at: source, holding: holding)
-                guard case .go(let to, _, _, _, _) = before else { return (before, [:], nil, nil) }
+                guard case .go(let to, _, _, _, _) = before else { return (before, [:], nil) }
                 if to != source { move(to: to) }
-                return (before, fieldsLocked(for: attempt.url, source: source), state.quickestAnswer, nil)
+                return (before, fieldsLocked(for: attempt.url, source: source), state.quickestAnswer)
             }
-            if let failed { throw failed }
             guard case .go(_, let several, let validators, let total, let patience) = before else {
                 if before == .noConfirmer { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
                 return .retired
@@ -281,7 +286,7 @@ extension FileDownload {
                 if several || id == 0 { lock.withLock { state.redirected(source, to: attempt.url) } }
                 continue
             case .done(let lengthIsHeld):
-                if lengthIsHeld { lock.withLock { completeUnknownLength(cursor) } }
+                if lengthIsHeld { lock.withLock { state.unknownLengthEnded(writtenBy: cursor) } }
                 return .done
             case .unchanged:
                 guard let conditional else { return .done }
@@ -342,15 +347,5 @@ extension FileDownload {
     /// costs less than the pieces' requests, a tenth more CPU for 1 GiB on loopback).
     func piecewise(_ url: String) -> Bool {
         options.piecewise ?? url.lowercased().hasPrefix("https:")
-    }
-
-    /// A body without a known length ended (or a 416 confirmed it): its length is what we hold.
-    /// (No ranges are built for such a body: its writer's end is set here, the record's by the state.)
-    func completeUnknownLength(_ cursor: SegmentCursor) {
-        if record.totalLength == nil {
-            let pos = cursor.position.load(ordering: .relaxed)
-            cursor.end.store(pos, ordering: .relaxed)
-            state.unknownLengthEnded(at: pos, segment: cursor.segment)
-        }
     }
 }

@@ -480,13 +480,16 @@ struct RunState {
         return s.segments[segment].end
     }
 
-    /// A body of unknown length ended at `length` (or a 416 confirmed it): the file is what
-    /// range `segment` holds. (No ranges are built: the run is at its end.)
-    mutating func unknownLengthEnded(at length: Int64, segment: Int) {
+    /// A body of unknown length ended (or a 416 confirmed it): the file is what `cursor`'s range
+    /// holds, its length where the writer is. (No ranges are built: the run is at its end.)
+    mutating func unknownLengthEnded(writtenBy cursor: SegmentCursor) {
         guard record.totalLength == nil else { return }
+        let length = cursor.position.load(ordering: .relaxed)
+        // (No ranges are built for such a body: its writer's end is set here, with the record's.)
+        cursor.end.store(length, ordering: .relaxed)
         checkpoints.update { r in
             r.totalLength = length
-            if r.segments.indices.contains(segment) { r.segments[segment].end = length }
+            if r.segments.indices.contains(cursor.segment) { r.segments[cursor.segment].end = length }
         }
     }
 
@@ -746,10 +749,17 @@ struct RunState {
     /// (``ConnectionTuner``): it is not the one kept and bytes are left.
     func waitsForRestore(_ id: Int) -> Bool { keeper != nil && keeper != id && scheduler?.isComplete == false }
 
-    /// Connection `id` ended: its source has room again and its range no owner.
-    mutating func connectionLeft(_ id: Int) {
+    /// Connection `id` ended: its source has room again and its range no owner. Returns true when
+    /// it was the one connection the tuner kept and bytes are left: the held connections are
+    /// brought back (else they would wait for a restore that never comes), for the caller to open
+    /// their gate.
+    @discardableResult
+    mutating func connectionLeft(_ id: Int) -> Bool {
         sources.unbind(id)
         ranges { $0.release(id) }
+        guard keeper == id, scheduler?.isComplete == false else { return false }
+        connectionsRestored()
+        return true
     }
 
     /// What connection `id` does before an attempt at source `source`.
@@ -1012,7 +1022,8 @@ struct RunState {
     /// The writer of each range being (or last) written, by range index: its cursor, whose
     /// atomics the data path moves. A cursor's `end` is the data path's copy of its range's end,
     /// lowered here and nowhere else: to its range's end (``lowerEnds()``), or to where its writer
-    /// is when a whole response replaces every held byte (``writeAlone(keeping:connection:)``). Emptied when the ranges go (a restart, the
+    /// is when a whole response replaces every held byte (``writeAlone(keeping:connection:)``) or
+    /// a body of unknown length ends (``unknownLengthEnded(writtenBy:)``). Emptied when the ranges go (a restart, the
     /// finish, bad pieces reopened).
     private(set) var cursors: [Int: SegmentCursor] = [:]
     /// Responses writing now, by connection: the record's writers at a checkpoint, and whose

@@ -218,7 +218,7 @@ public struct SegmentScheduler: Sendable, Equatable {
         let first = s.next + keepingResponse(i, keep: s.remaining / Int64(k))
         let rest = s.end - first
         // (The first part may have kept its response's end: the others share what is left.)
-        let n = min(Int64(k - 1), rest / max(minSplit, 1))
+        let n = min(Int64(k - 1), rest / minSplit)
         guard n > 0 else { return }
         segments[i].end = first
         if let r = s.requested, r > first { segments[i].requested = nil }
