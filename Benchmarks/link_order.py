@@ -20,7 +20,7 @@ to list the functions that ran, and the release link's map to find their objects
 Needs valgrind, nginx and openssl (apt-get install -y valgrind nginx openssl). A stale list costs
 nothing but the gain: names no longer in the binary are ignored by the linker.
 """
-import os, subprocess, sys, tempfile
+import os, shutil, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (nginx and the certificate, as the benchmark starts them)
@@ -51,7 +51,7 @@ def objects_by_symbol(work, build_args):
     file needs them: lld writes C++ names demangled in its map unless told not to)."""
     link_map = os.path.join(work, "link.map")
     subprocess.run(["swift", "build", "-c", "release", "--product", "pickup", "-Xlinker", f"-Map={link_map}", "-Xlinker", "--no-demangle"]
-                   + build_args, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
+                   + build_args, cwd=ROOT, stdout=subprocess.DEVNULL, check=True, timeout=3600)
     owner, current = {}, None
     with open(link_map, errors="replace") as f:
         for line in f:
@@ -68,10 +68,10 @@ def main():
     build_args = sys.argv[1:]
     work = tempfile.mkdtemp(prefix="pickup-order-")
     bin_path = subprocess.run(["swift", "build", "-c", "release", "--show-bin-path"] + build_args, cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
+                              capture_output=True, text=True, check=True, timeout=600).stdout.strip()
     release = os.path.join(bin_path, "pickup")
     stripped = os.path.join(work, "pickup")
-    subprocess.run(["strip", "--strip-debug", "-o", stripped, release], check=True)
+    subprocess.run(["strip", "--strip-debug", "-o", stripped, release], check=True, timeout=300)
     site = os.path.join(work, "site")
     os.makedirs(os.path.join(site, "batch"))
     with open(os.path.join(site, "file.bin"), "wb") as f:
@@ -109,6 +109,7 @@ def main():
     finally:
         nginx.terminate()
         nginx.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
