@@ -750,14 +750,15 @@ struct RunState {
     func waitsForRestore(_ id: Int) -> Bool { keeper != nil && keeper != id && scheduler?.isComplete == false }
 
     /// Connection `id` ended: its source has room again and its range no owner. Returns true when
-    /// it was the one connection the tuner kept and bytes are left: the held connections are
-    /// brought back (else they would wait for a restore that never comes), for the caller to open
-    /// their gate.
+    /// it was the one connection the tuner kept for good (its decision made) and bytes are left:
+    /// the held connections are brought back (else they would wait for a restore that never
+    /// comes), for the caller to open their gate. (During a trial the tuner's next sample
+    /// decides: the one connection gone, it is clearly slower, and restores.)
     @discardableResult
     mutating func connectionLeft(_ id: Int) -> Bool {
         sources.unbind(id)
         ranges { $0.release(id) }
-        guard keeper == id, scheduler?.isComplete == false else { return false }
+        guard keeper == id, !tuning, scheduler?.isComplete == false else { return false }
         connectionsRestored()
         return true
     }
