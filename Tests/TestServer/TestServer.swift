@@ -20,6 +20,8 @@ public final class TestServer: Sendable {
         var peakTotal = 0
         /// Connections given a backend so far (``Resource/backendETags``).
         var connections = 0
+        /// Paths whose bodies in progress wait before their next chunk (``hold(_:)``).
+        var held: Set<String> = []
     }
 
     /// The port it listens on.
@@ -74,6 +76,19 @@ public final class TestServer: Sendable {
                 s.resources[path] = r
             }
         }
+    }
+
+    /// Holds the bodies of `path`'s responses in progress: none sends another chunk (a chunk already
+    /// counted in ``bytesSent(_:)`` may still reach the socket) until ``release(_:)``. A test that
+    /// stops a client holds the server too, so what is in flight to the stopped client stays what
+    /// it was at the stop, however long the test takes to measure it.
+    public func hold(_ path: String) {
+        state.withLockedValue { _ = $0.held.insert(path) }
+    }
+
+    /// Lets `path`'s responses go on.
+    public func release(_ path: String) {
+        state.withLockedValue { _ = $0.held.remove(path) }
     }
 
     /// Replaces the resource at `path` once it has received `requests` requests (it changes on the
@@ -317,6 +332,13 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
                 context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in
                     if closeAfter { context.close(promise: nil) }
                 }
+            }
+            return
+        }
+        if state.withLockedValue({ $0.held.contains(plan.path) }) {
+            guard context.channel.isActive else { return finished(plan) }
+            context.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(5)) {
+                self.sendBody(context: context, plan: plan, from: from, limit: limit, closeAfter: closeAfter)
             }
             return
         }
