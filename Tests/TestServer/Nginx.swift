@@ -88,28 +88,43 @@ public final class Nginx: @unchecked Sendable {
 
     /// A loopback port nothing listens on and no server of this run had (``Ports``): for a
     /// server program to take, or for a test that needs a port where nothing answers.
+    ///
+    /// Taken below the kernel's ephemeral range (`ip_local_port_range`), where no connection's
+    /// local end and no bind to port 0 lands: a port from that range, free when this looked, was
+    /// at times taken by one of the suite's many outgoing connections before the server program
+    /// bound it (tinyproxy "could not create listening sockets", pyftpdlib "address already in use").
     public static func freePort() throws -> Int {
-        var held: [Int32] = []
-        defer { for fd in held { close(fd) } }
-        for _ in 0..<100 {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            guard fd >= 0 else { break }
-            held.append(fd)  // bound until a new port is found, so the kernel cannot offer it again
-            var addr = sockaddr_in()
-            addr.sin_family = sa_family_t(AF_INET)
-            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-            addr.sin_port = 0
-            var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let ok = withUnsafeMutablePointer(to: &addr) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0
-                }
-            }
-            guard ok else { break }
-            let port = Int(UInt16(bigEndian: addr.sin_port))
-            if Ports.claim(port) { return port }
+        let low = ephemeralRange().lowerBound
+        let window = max(1024, low - 16384)..<low
+        guard !window.isEmpty else { throw NSError(domain: "no port below the ephemeral range", code: 3) }
+        for _ in 0..<500 {
+            let port = Int.random(in: window)
+            if Ports.claim(port) && canBind(port) { return port }
         }
         throw NSError(domain: "no free port", code: 3)
+    }
+
+    /// The kernel's range of ports for connections' local ends (`32768...60999` if unread).
+    static func ephemeralRange() -> ClosedRange<Int> {
+        let text = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8)) ?? ""
+        let numbers = text.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).compactMap { Int($0) }
+        guard numbers.count == 2, numbers[0] <= numbers[1] else { return 32768...60999 }
+        return numbers[0]...numbers[1]
+    }
+
+    /// Whether 127.0.0.1:`port` can be bound now (without `SO_REUSEADDR`: a port some socket still
+    /// holds, in TIME_WAIT too, is not free).
+    static func canBind(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = UInt16(port).bigEndian
+        return withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
     }
 
     public static func canConnect(_ port: Int) -> Bool {
