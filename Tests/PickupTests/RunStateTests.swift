@@ -585,6 +585,7 @@ import Testing
                                                  connection: 1, digest: nil, latency: 0.01, mirrors: [], connections: 4)
         if case .write = s.rangeAnswered(pendingAnswer) {} else { Issue.record("a later range's answer not written") }
         #expect(pending.end.load(ordering: .relaxed) == 50_000, "an unregistered writer's end is lowered to its range's")
+        #expect(s.responses[1]?.cursor === pending && s.responses[1]?.from == 25_000, "its response is in flight from where it writes")
         #expect(s.sources.sources.count == 2, "mirrors are taken from the first answer only")
 
         // A weak validator (and no mirror): one connection, no tuner.
@@ -653,8 +654,10 @@ import Testing
             r.totalLength = 100_000
             r.segments = [SegmentRecord(start: 0, end: 100_000, done: 0)]
         }
-        let fresh = s.wholeTaken(total: 100_000, by: 2, latency: 0.01)
+        let fresh = s.wholeTaken(total: 100_000, by: 2, source: 0, latency: 0.01)
         #expect(fresh.start == 0 && fresh.end.load(ordering: .relaxed) == 100_000 && s.cursors[0] === fresh)
+        // The response is in flight from its first byte, from the source that sent it.
+        #expect(s.responses[2]?.cursor === fresh && s.responses[2]?.from == 0 && s.responses[2]?.source == 0)
         #expect(s.scheduler?.segments.count == 1 && s.scheduler?.segments[0].owner == 2)
 
         // A mirror that sends the whole file while the URL given has answered: it leaves.

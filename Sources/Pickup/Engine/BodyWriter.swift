@@ -165,7 +165,6 @@ final class BodyWriter: ResponseSink, @unchecked Sendable {
             self.cursor = cursor
             offset = start
             firstOffset = start
-            download.lock.withLock { download.state.responseBegan(connection, from: start, source: source, cursor: cursor) }
             responseEnd = end ?? .max
             writing = true
         }

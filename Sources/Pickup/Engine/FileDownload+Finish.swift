@@ -6,12 +6,14 @@ extension FileDownload {
     /// URL's last segment, else `download`; a free `name (n).ext` when something is already there,
     /// unless overwriting was asked for. A name given with `-o` where another file than this URL's
     /// finished download is (one that appeared since the start, or one whose run waited for the
-    /// first answer) stops the download instead: `-o` writes exactly there or nowhere. Called with
-    /// `lock` held, before any byte of the answer is written.
-    func chooseTarget(head: ResponseHead?) throws {
+    /// first answer) stops the download instead: `-o` writes exactly there or nowhere (`ours`:
+    /// ``RunState/targetIsOurs``). It looks in the directory and may say a notice: never with
+    /// `lock` held. The caller records the path (``RunState/describe(_:)``) before any byte of
+    /// the answer is written.
+    func targetPath(head: ResponseHead?, ours: Bool) throws -> String {
         let raw: String
         if let fixed = fixedName {
-            if !request.overwrite, !state.targetIsOurs, dir.exists(fixed) { throw PickupError.targetExists(dir.pathOf(fixed).string) }
+            if !request.overwrite, !ours, dir.exists(fixed) { throw PickupError.targetExists(dir.pathOf(fixed).string) }
             raw = fixed
         } else {
             let suggested = head?["Content-Disposition"].flatMap(ContentDisposition.filename).flatMap(SafeFileName.sanitize)
@@ -22,8 +24,7 @@ extension FileDownload {
             }
             raw = suggested ?? fromURL ?? "download"
         }
-        let target = directory.appending(freeName(for: raw)).string
-        state.describe { $0.target = target }
+        return directory.appending(freeName(for: raw)).string
     }
 
     /// `name`, else the first `name (n).ext` with nothing at it (nor at its partial file's name).
@@ -51,7 +52,7 @@ extension FileDownload {
     }
 
     private func finishLocked(file: PartialFile, previous: (FilePath, CompletionRecord)?) throws -> (FilePath, Int64, ExpectedDigest?) {
-        let size = try lock.withLock { () throws -> Int64 in
+        let (size, naming) = try lock.withLock { () throws -> (Int64, Bool?) in
             // (An fsync failed: what is not durable may be gone. Under `ioLock`, no other fsync runs now.)
             if let failed = state.syncFailure { throw failed }
             let size = record.totalLength ?? state.heldBytes
@@ -62,14 +63,15 @@ extension FileDownload {
             if let expected = request.length, size != expected {
                 throw PickupError.verification("the file is \(size) bytes, the Metalink document says \(expected)")
             }
-            return size
+            return (size, record.target == nil ? state.targetIsOurs : nil)
         }
+        let target = try naming.map { try targetPath(head: nil, ours: $0) }
         if try file.size() > size { try file.truncate(to: size) }
         try file.sync()
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).
-        let (action, rec, checked) = try lock.withLock { () throws -> (Checkpoints.Action, ControlRecord, ExpectedDigest?) in
-            if record.target == nil { try chooseTarget(head: nil) }
+        let (action, rec, checked) = lock.withLock { () -> (Checkpoints.Action, ControlRecord, ExpectedDigest?) in
+            if let target { state.describe { $0.target = target } }
             return (state.finishing(size: size, verifying: request.checksum != nil || record.serverDigest != nil), record, state.preVerified)
         }
         try perform(action, file: nil)

@@ -31,6 +31,7 @@ extension FileDownload {
             var more: AsyncStream<Void>.Continuation? = nil
             var soon = false
             var preallocate: (PartialFile, Int64)? = nil
+            var naming: Bool? = nil  // whether to name the target, and whether a fixed one is ours
             let (writing, result) = try lock.withLock { () throws -> (RunState.Writing?, (SegmentCursor, Int64, Int64?)?) in
                 guard let file else {
                     state.answered(after: latency)
@@ -45,13 +46,17 @@ extension FileDownload {
                     if let total = w.preallocate, options.preallocate { preallocate = (file, total) }
                     // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
                     if w.decided { more = state.wake }
-                    if w.nameTarget { try chooseTarget(head: head) }
+                    if w.nameTarget { naming = state.targetIsOurs }
                     if w.described || context.conditional { soon = state.wantsStoreSoon }
                     return (w, (w.cursor, at, end))
                 }
             }
             if writing?.tuning == true { monitor.sampleOften() }
             if let (file, total) = preallocate, try file.size() < total { try file.preallocate(total) }
+            if let ours = naming {
+                let target = try targetPath(head: head, ours: ours)
+                lock.withLock { state.describe { $0.target = target } }
+            }
             if writing?.openMore == true { more?.yield() }
             more?.finish()
             if soon { storeBeforeFirstByte() }
@@ -84,10 +89,11 @@ extension FileDownload {
                 r.segments = [SegmentRecord(start: 0, end: total, done: 0)]
                 r.serverDigest = Self.serverDigest(head)
             }
-            let (fresh, more, soon) = try lock.withLock { () throws -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
-                let fresh = state.wholeTaken(total: total, by: connection, latency: latency)
-                if record.target == nil || context.conditional { try chooseTarget(head: head) }
-                return (fresh, state.wake, state.wantsStoreSoon)
+            let naming = lock.withLock { record.target == nil || context.conditional ? state.targetIsOurs : nil }
+            let target = try naming.map { try targetPath(head: head, ours: $0) }
+            let (fresh, more, soon) = lock.withLock { () -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
+                if let target { state.describe { $0.target = target } }
+                return (state.wholeTaken(total: total, by: connection, source: source, latency: latency), state.wake, state.wantsStoreSoon)
             }
             more?.finish()
             if soon { storeBeforeFirstByte() }

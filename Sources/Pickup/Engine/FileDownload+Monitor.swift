@@ -68,11 +68,10 @@ extension FileDownload {
         }
     }
 
-    /// A tuner sample: now, and how many connections have a range (``RunState`` counts those
-    /// that bring bytes). With `lock` held.
+    /// A tuner sample: now, the process's CPU time and the bytes so far (``RunState`` counts the
+    /// connections, those that bring bytes).
     func tunerSample() -> ConnectionTuner.Sample {
-        ConnectionTuner.Sample(time: Clock.monotonic(), cpu: options.cpuClock(), bytes: transferred.load(ordering: .relaxed),
-                               connections: state.activeConnections)
+        ConnectionTuner.Sample(time: Clock.monotonic(), cpu: options.cpuClock(), bytes: transferred.load(ordering: .relaxed), connections: 0)
     }
 
     /// Feeds the tuner one sample and carries out what it decides (``RunState/tunerSampled(_:trialBytes:writers:)``,

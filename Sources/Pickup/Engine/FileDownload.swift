@@ -228,7 +228,7 @@ final class FileDownload: @unchecked Sendable {
         // A file Pickup finished from another URL, where this URL may answer with a Metalink
         // document describing that very file (a rerun of `get URL -o NAME`: the file's record is
         // under the document's URL for it): decided by the first answer, before a byte of it is
-        // written (``chooseTarget(head:)``).
+        // written (``targetPath(head:ours:)``).
         if request.followMetalink, let fd = try? dir.openFile(name, write: false) {
             defer { try? fd.close() }
             if store.attached(to: fd) != nil { return }

@@ -1243,6 +1243,7 @@ struct RunState {
             }
         }
         w.nameTarget = (decided.described || a.conditional) && (record.target == nil || a.conditional)
+        responseBegan(a.connection, from: a.at, source: a.source, cursor: w.cursor)
         return .write(w)
     }
 
@@ -1278,11 +1279,12 @@ struct RunState {
 
     /// The whole response's body is written from byte 0 through a new cursor, connection
     /// `connection` owning the one range (of `total` bytes, when known).
-    mutating func wholeTaken(total: Int64?, by connection: Int, latency: Double) -> SegmentCursor {
+    mutating func wholeTaken(total: Int64?, by connection: Int, source: Int, latency: Double) -> SegmentCursor {
         answered(after: latency)
         if let total { lengthKnown(total, claiming: 0, by: connection) }
         let fresh = cursor(0, start: 0, position: 0, end: total)
         writes(fresh)
+        responseBegan(connection, from: 0, source: source, cursor: fresh)
         return fresh
     }
 
@@ -1411,6 +1413,8 @@ struct RunState {
             // The connections that bring bytes: a range with an owner whose writer has written
             // since it began (the tuner's warmup waits for all of them).
             sample.connections = writers.filter { i, w in s.segments.indices.contains(i) && s.segments[i].owner != nil && w.position > w.beganAt }.count
+        } else {
+            sample.connections = activeConnections
         }
         let action = tuner?.add(sample)
         switch action {
