@@ -307,7 +307,10 @@ def main():
             d = tempfile.mkdtemp(prefix="out-", dir=base)
         else:
             raise SystemExit(f"--fs: disk or tmpfs, not {fs}")
-        outdirs[fs_type(d)] = d
+        # Labelled by the file system found there; two places on one type keep both (neither is
+        # dropped unused, nor left behind after the run).
+        kind = fs_type(d)
+        outdirs[kind if kind not in outdirs else f"{kind} ({fs})"] = d
     first = next(iter(outdirs.values()))  # the daemon and limits cases write there
     wanted = args.cases.split(",")
     # The file of the single, multi, defaults, squid and ftp cases.
