@@ -1,10 +1,10 @@
 import Foundation
 
 /// The control file's writes and the partial file's fsyncs, carried out for ``Checkpoints`` on the
-/// blocking-I/O pool (``BlockingIO``), outside `lock`, one at a time under `ioLock`. The data path
+/// blocking-I/O pool (``BlockingIO``), outside the state's lock, one at a time under `ioLock`. The data path
 /// never waits for them.
 extension FileDownload {
-    /// Carries out `action`. With `ioLock` held, not `lock`.
+    /// Carries out `action`. With `ioLock` held, not the state's lock.
     func perform(_ action: Checkpoints.Action, file: PartialFile?) throws(PickupError) {
         switch action {
         case .none:
@@ -13,17 +13,17 @@ extension FileDownload {
         // cache flushed: barrier fsyncs on Apple platforms (the finish flushes in full).
         case .store(let record, let version, let durable):
             try ControlFile.store(record, as: controlName, in: dir, durable: durable, barrier: true)
-            lock.withLock { state.stored(record, version: version) }
+            state.withLockedValue { $0.stored(record, version: version) }
         case .syncAndStore(let record, let version):
-            if let failed = lock.withLock({ state.syncFailure }) { throw failed }
+            if let failed = state.withLockedValue({ $0.syncFailure }) { throw failed }
             do {
                 try file?.sync(barrier: true)
             } catch {
-                lock.withLock { state.syncFailed(error) }
+                state.withLockedValue { $0.syncFailed(error) }
                 throw error
             }
             try ControlFile.store(record, as: controlName, in: dir, durable: true, barrier: true)
-            lock.withLock { state.stored(record, version: version) }
+            state.withLockedValue { $0.stored(record, version: version) }
         }
     }
 
@@ -32,7 +32,7 @@ extension FileDownload {
     func checkpointNow() throws {
         try ioLock.withLock {
             // (A foreign partial file: nothing of ours here yet.)
-            try perform(lock.withLock { state.foreign == nil ? state.checkpoint() : .none }, file: file)
+            try perform(state.withLockedValue { $0.foreign == nil ? $0.checkpoint() : .none }, file: file)
         }
     }
 
@@ -40,7 +40,7 @@ extension FileDownload {
     /// (see ``Checkpoints/ended``) and the partial file is closed. On the blocking-I/O pool.
     func end(_ file: PartialFile) {
         ioLock.withLock {
-            lock.withLock { state.end() }
+            state.withLockedValue { $0.end() }
             file.close()
         }
     }
@@ -62,25 +62,25 @@ extension FileDownload {
     /// The description a head brought: written before the body when no control file exists yet
     /// (without fsync: it claims nothing), so that a kill from the first byte on finds it and the
     /// cursors; else (a description that changed, of a download with a control file) on the pool.
-    /// On the response head's `BlockingIO` thread, not with `lock` held.
+    /// On the response head's `BlockingIO` thread, not under the state's lock.
     func storeBeforeFirstByte() {
-        guard lock.withLock({ state.onDisk == .nothing }) else { return storeSoon() }
+        guard state.withLockedValue({ $0.onDisk == .nothing }) else { return storeSoon() }
         storeRecord()
     }
 
     /// Writes the record as it is now, without fsync, after any checkpoint in flight.
     func storeRecord() {
-        ioLock.withLock { try? perform(lock.withLock { state.storeNow() }, file: nil) }
+        ioLock.withLock { try? perform(state.withLockedValue { $0.storeNow() }, file: nil) }
     }
 
     /// Drops every held byte for a new representation (`reset` describes it) and, when the
     /// control file on disk claims bytes, replaces it durably before returning: no byte of the new
     /// representation is written before. The cursors start again. Called where no connection is
-    /// writing, on `BlockingIO` (the pool, or a response head's thread), never with `lock` held.
+    /// writing, on `BlockingIO` (the pool, or a response head's thread), never under the state's lock.
     func discardHeld(_ file: PartialFile, reset: (inout ControlRecord) -> Void) throws {
         try ioLock.withLock {
             try file.truncate(to: 0)
-            let (action, mapped, epoch) = lock.withLock { (state.restarted(reset), state.cursorFile, record.epoch ?? 0) }
+            let (action, mapped, epoch) = state.withLockedValue { ($0.restarted(reset), $0.cursorFile, $0.record.epoch ?? 0) }
             try perform(action, file: nil)
             mapped?.reset(epoch: epoch)
         }
@@ -99,16 +99,16 @@ extension FileDownload {
 
     /// Maps the cursor file when a download turns out large enough to keep one (see
     /// ``Checkpoints/smallFile``); resumed downloads map it when they start. On the response
-    /// head's `BlockingIO` thread, before its body is written, not with `lock` held.
+    /// head's `BlockingIO` thread, before its body is written, not under the state's lock.
     /// `orRecorded`: an unknown `total` is the record's length (a range of the file described).
     func mapCursorsIfLarge(total: Int64?, orRecorded: Bool = false) {
         guard options.cursorFile,
-            lock.withLock({ (total ?? (orRecorded ? record.totalLength : nil) ?? .max) > Checkpoints.smallFile && state.cursorFile == nil }),
+            state.withLockedValue({ (total ?? (orRecorded ? $0.record.totalLength : nil) ?? .max) > Checkpoints.smallFile && $0.cursorFile == nil }),
             let mapped = CursorFile.open(cursorName, in: dir)
         else { return }
         // The epoch once the file is open (a discard meanwhile made a new one), the slots reset to
         // it before any cursor is kept there.
-        mapped.reset(epoch: lock.withLock { record.epoch ?? 0 })
-        lock.withLock { state.mapped(mapped) }
+        mapped.reset(epoch: state.withLockedValue { $0.record.epoch ?? 0 })
+        state.withLockedValue { $0.mapped(mapped) }
     }
 }

@@ -6,25 +6,35 @@ extension FileDownload {
     /// URL's last segment, else `download`; a free `name (n).ext` when something is already there,
     /// unless overwriting was asked for. A name given with `-o` where another file than this URL's
     /// finished download is (one that appeared since the start, or one whose run waited for the
-    /// first answer) stops the download instead: `-o` writes exactly there or nowhere (`ours`:
-    /// ``RunState/targetIsOurs``). It looks in the directory and may say a notice: never with
-    /// `lock` held. The caller records the path (``RunState/describe(_:)``) before any byte of
-    /// the answer is written.
-    func targetPath(head: ResponseHead?, ours: Bool) throws -> String {
+    /// first answer) stops the download instead: `-o` writes exactly there or nowhere. It looks in
+    /// the directory and may say a notice: never under the state's lock. The caller records the
+    /// path (``RunState/describe(_:)``) before any byte of the answer is written.
+    func targetPath(head: ResponseHead?, _ naming: Naming) throws -> String {
         let raw: String
         if let fixed = fixedName {
-            if !request.overwrite, !ours, dir.exists(fixed) { throw PickupError.targetExists(dir.pathOf(fixed).string) }
+            if !request.overwrite, !naming.ours, dir.exists(fixed) { throw PickupError.targetExists(dir.pathOf(fixed).string) }
             raw = fixed
         } else {
             let suggested = head?["Content-Disposition"].flatMap(ContentDisposition.filename).flatMap(SafeFileName.sanitize)
             var fromURL: String? = nil
-            for url in [resolvedURL, request.url] where suggested == nil && fromURL == nil {
+            for url in [naming.resolved, request.url] where suggested == nil && fromURL == nil {
                 fromURL = SafeFileName.rawPath(ofURL: url).flatMap { SafeFileName.fromURLPath(String($0)) }
                     .flatMap(SafeFileName.sanitize)
             }
             raw = suggested ?? fromURL ?? "download"
         }
         return directory.appending(freeName(for: raw)).string
+    }
+
+    /// What naming the target needs of the state, taken under its lock: whether a fixed name's
+    /// file is this URL's (``RunState/targetIsOurs``), and the URL given after redirects.
+    struct Naming {
+        let ours: Bool
+        let resolved: String
+        init(_ state: RunState) {
+            ours = state.targetIsOurs
+            resolved = state.sources.url(0)
+        }
     }
 
     /// `name`, else the first `name (n).ext` with nothing at it (nor at its partial file's name).
@@ -52,10 +62,10 @@ extension FileDownload {
     }
 
     private func finishLocked(file: PartialFile, previous: (FilePath, CompletionRecord)?) throws -> (FilePath, Int64, ExpectedDigest?) {
-        let (size, naming) = try lock.withLock { () throws -> (Int64, Bool?) in
+        let (size, naming) = try state.withLockedValue { state throws -> (Int64, Naming?) in
             // (An fsync failed: what is not durable may be gone. Under `ioLock`, no other fsync runs now.)
             if let failed = state.syncFailure { throw failed }
-            let size = record.totalLength ?? state.heldBytes
+            let size = state.record.totalLength ?? state.heldBytes
             guard state.heldBytes == size else {
                 throw PickupError.server(status: nil, "internal: finishing with \(state.heldBytes) of \(size) bytes")
             }
@@ -63,16 +73,16 @@ extension FileDownload {
             if let expected = request.length, size != expected {
                 throw PickupError.verification("the file is \(size) bytes, the Metalink document says \(expected)")
             }
-            return (size, record.target == nil ? state.targetIsOurs : nil)
+            return (size, state.record.target == nil ? Naming(state) : nil)
         }
-        let target = try naming.map { try targetPath(head: nil, ours: $0) }
+        let target = try naming.map { try targetPath(head: nil, $0) }
         if try file.size() > size { try file.truncate(to: size) }
         try file.sync()
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).
-        let (action, rec, checked) = lock.withLock { () -> (Checkpoints.Action, ControlRecord, ExpectedDigest?) in
+        let (action, rec, checked) = state.withLockedValue { state -> (Checkpoints.Action, ControlRecord, ExpectedDigest?) in
             if let target { state.describe { $0.target = target } }
-            return (state.finishing(size: size, verifying: request.checksum != nil || record.serverDigest != nil), record, state.preVerified)
+            return (state.finishing(size: size, verifying: request.checksum != nil || state.record.serverDigest != nil), state.record, state.preVerified)
         }
         try perform(action, file: nil)
         var verified: ExpectedDigest? = nil
@@ -134,7 +144,7 @@ extension FileDownload {
 
     /// Removes the control file and the cursor file this run has on disk, and makes that durable.
     private func removeHelpers() {
-        let (control, cursors) = lock.withLock { (state.onDisk != .nothing, state.cursorFile != nil) }
+        let (control, cursors) = state.withLockedValue { ($0.onDisk != .nothing, $0.cursorFile != nil) }
         if control { ControlFile.remove(controlName, in: dir) }
         if cursors { dir.remove(cursorName) }
         dir.sync()

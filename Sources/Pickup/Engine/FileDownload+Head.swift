@@ -8,7 +8,7 @@ extension FileDownload {
     /// the body with, or nil when the body is not file content. On `BlockingIO`'s head threads (the
     /// transport calls the sink's head there, never on its event loop); the file-system calls it
     /// needs (the cursor file's mapping, preallocation, a truncation for a 200, the control file)
-    /// run outside `lock`.
+    /// run outside the state's lock.
     func beginWriting(decision: ResponseDecision, head: ResponseHead, context: RequestContext,
                       cursor: SegmentCursor, latency: Double, connection: Int, source: Int = 0) throws -> (SegmentCursor, Int64, Int64?)? {
         if decision.writes {
@@ -31,8 +31,8 @@ extension FileDownload {
             var more: AsyncStream<Void>.Continuation? = nil
             var soon = false
             var preallocate: (PartialFile, Int64)? = nil
-            var naming: Bool? = nil  // whether to name the target, and whether a fixed one is ours
-            let (writing, result) = try lock.withLock { () throws -> (RunState.Writing?, (SegmentCursor, Int64, Int64?)?) in
+            var naming: Naming? = nil  // set when this answer names the target
+            let (writing, result) = try state.withLockedValue { state throws -> (RunState.Writing?, (SegmentCursor, Int64, Int64?)?) in
                 guard let file else {
                     state.answered(after: latency)
                     return (nil, nil)
@@ -46,16 +46,16 @@ extension FileDownload {
                     if let total = w.preallocate, options.preallocate { preallocate = (file, total) }
                     // The first valid 206 of this run (fresh or resumed) decides whether more connections open.
                     if w.decided { more = state.wake }
-                    if w.nameTarget { naming = state.targetIsOurs }
+                    if w.nameTarget { naming = Naming(state) }
                     if w.described || context.conditional { soon = state.wantsStoreSoon }
                     return (w, (w.cursor, at, end))
                 }
             }
             if writing?.tuning == true { monitor.sampleOften() }
             if let (file, total) = preallocate, try file.size() < total { try file.preallocate(total) }
-            if let ours = naming {
-                let target = try targetPath(head: head, ours: ours)
-                lock.withLock { state.describe { $0.target = target } }
+            if let naming {
+                let target = try targetPath(head: head, naming)
+                state.withLockedValue { state in state.describe { $0.target = target } }
             }
             if writing?.openMore == true { more?.yield() }
             more?.finish()
@@ -63,7 +63,7 @@ extension FileDownload {
             return result
         case .replace(let total, let validators):
             guard let file else { return nil }
-            let answered = lock.withLock { state.wholeAnswered(cursor: cursor, source: source, offset: context.offset, validators: validators) }
+            let answered = state.withLockedValue { $0.wholeAnswered(cursor: cursor, source: source, offset: context.offset, validators: validators) }
             switch answered {
             case .stop(let why):
                 throw SinkStopped(why)
@@ -89,9 +89,9 @@ extension FileDownload {
                 r.segments = [SegmentRecord(start: 0, end: total, done: 0)]
                 r.serverDigest = Self.serverDigest(head)
             }
-            let naming = lock.withLock { record.target == nil || context.conditional ? state.targetIsOurs : nil }
-            let target = try naming.map { try targetPath(head: head, ours: $0) }
-            let (fresh, more, soon) = lock.withLock { () -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
+            let naming = state.withLockedValue { $0.record.target == nil || context.conditional ? Naming($0) : nil }
+            let target = try naming.map { try targetPath(head: head, $0) }
+            let (fresh, more, soon) = state.withLockedValue { state -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
                 if let target { state.describe { $0.target = target } }
                 return (state.wholeTaken(total: total, by: connection, source: source, latency: latency), state.wake, state.wantsStoreSoon)
             }
@@ -99,7 +99,7 @@ extension FileDownload {
             if soon { storeBeforeFirstByte() }
             return (fresh, 0, total)
         default:
-            lock.withLock { state.answered(after: latency) }
+            state.withLockedValue { $0.answered(after: latency) }
             return nil
         }
     }
@@ -115,7 +115,7 @@ extension FileDownload {
         case .append(_, _, let total, _), .replace(let total, _): announced = total
         default: return
         }
-        switch lock.withLock({ state.lengthAnnounced(announced, expected: expected, source: source) }) {
+        switch state.withLockedValue({ $0.lengthAnnounced(announced, expected: expected, source: source) }) {
         case .fits:
             return
         case .fails(let why, let url):
@@ -134,7 +134,7 @@ extension FileDownload {
     /// when another response got there first (`keep` was stopped), `.timedOut` when a writer
     /// stayed inside a chunk for 2 s.
     func stopOthers(but keep: SegmentCursor, connection: Int) -> Stop {
-        guard let others = lock.withLock({ state.writeAlone(keeping: keep, connection: connection) }) else { return .stale }
+        guard let others = state.withLockedValue({ $0.writeAlone(keeping: keep, connection: connection) }) else { return .stale }
         // A writer inside a chunk is in one pwrite: it leaves within microseconds, or within a
         // slow disk's milliseconds. Looked at again every 50 µs, on the head's `BlockingIO`
         // thread, never on an event loop.

@@ -4,19 +4,19 @@ extension FileDownload {
     /// This URL answered with a file after all: another URL's partial download at the path
     /// (``RunState/foreign``) goes, said so, before a byte of this one is written or the file finished.
     func discardForeign() {
-        guard let why = lock.withLock({ state.foreign }) else { return }
+        guard let why = state.withLockedValue({ $0.foreign }) else { return }
         onEvent(.notice(why))
         ioLock.withLock {
             discardAll()
-            lock.withLock { state.foreignDiscarded() }
+            state.withLockedValue { $0.foreignDiscarded() }
         }
     }
 
     /// Whether `head` answers the first request of a download that holds nothing with a Metalink
-    /// document that this request follows. With `lock` not held.
+    /// document that this request follows. Not under the state's lock.
     func answersWithMetalink(_ head: ResponseHead, source: Int) -> Bool {
         guard request.followMetalink, source == 0, Self.isMetalink(head) else { return false }
-        return lock.withLock { state.heldBytes == 0 }
+        return state.withLockedValue { $0.heldBytes == 0 }
     }
 
     /// `Content-Type: application/metalink4+xml` (parameters and case aside).

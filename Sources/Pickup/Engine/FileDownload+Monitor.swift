@@ -25,8 +25,8 @@ extension FileDownload {
             guard ticks.monitored else { return false }
             let due = ticks.tick(now: now, written: transferred.load(ordering: .relaxed))
             if let speed = due.progress {
-                let (held, total, patience, connections) = lock.withLock {
-                    (state.heldBytes, record.totalLength, state.patience.values.max() ?? 0, state.activeConnections)
+                let (held, total, patience, connections) = state.withLockedValue { state in
+                    (state.heldBytes, state.record.totalLength, state.patience.values.max() ?? 0, state.activeConnections)
                 }
                 let stall = patience > 0 ? transport.stallTimeout(patience: patience) : nil
                 onEvent(.progress(DownloadProgress(bytesDone: held, totalBytes: total, bytesPerSecond: speed, stallTimeout: stall,
@@ -51,7 +51,7 @@ extension FileDownload {
         BlockingIO.submit {
             // Under `ioLock`, which the run's end closes the file under: never on a closed descriptor.
             self.ioLock.withLock {
-                if !self.lock.withLock({ self.state.ended }) { file.startWriteback() }
+                if !self.state.withLockedValue({ $0.ended }) { file.startWriteback() }
             }
             self.writeBehindQueued.store(false, ordering: .releasing)
         }
@@ -79,7 +79,7 @@ extension FileDownload {
     /// Returns whether the tuner is still deciding.
     func tune() -> Bool {
         let inTrial = trial.load(ordering: .relaxed) >= 0
-        let (action, then, tuning) = lock.withLock { () -> (ConnectionTuner.Action?, RunState.Tuned?, Bool) in
+        let (action, then, tuning) = state.withLockedValue { state -> (ConnectionTuner.Action?, RunState.Tuned?, Bool) in
             guard state.tuning else { return (nil, nil, false) }  // (no sample, no syscall, once decided)
             let (action, then) = state.tunerSampled(tunerSample(), trialBytes: inTrial ? trialBytes.load(ordering: .relaxed) : nil,
                                                     writers: state.writers(now: Clock.monotonic()))

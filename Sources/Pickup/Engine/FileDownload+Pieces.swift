@@ -8,19 +8,19 @@ extension FileDownload {
     /// blocking-I/O pool, each piece read under `ioLock` (the file is not closed under it, and
     /// cut-outs and discards wait), which checkpoints and the run's end take between pieces.
     func checkCompletePieces(_ pieces: Metalink.Pieces, file: PartialFile) {
-        let found = lock.withLock { state.piecesToCheck(pieces) }
+        let found = state.withLockedValue { $0.piecesToCheck(pieces) }
         guard let found, !found.todo.isEmpty else { return }
         var bad: [(start: Int64, end: Int64)] = []
         for k in found.todo {
             let (a, b) = pieces.range(k, total: found.total)
             // (A read that fails is left to the check at the end of the round, which says so.)
             let digest = ioLock.withLock { () -> [UInt8]? in
-                lock.withLock { state.ended } ? nil : try? file.digest(pieces.algorithm, from: a, to: b)
+                state.withLockedValue { $0.ended } ? nil : try? file.digest(pieces.algorithm, from: a, to: b)
             }
             guard let digest else { break }
             let good = digest == pieces.hashes[k]
             // (nil: a response still writing it has not said; the next check reads it again.)
-            let recorded = lock.withLock { state.pieceHashed(k, good: good, start: a, end: b, generation: found.generation) }
+            let recorded = state.withLockedValue { $0.pieceHashed(k, good: good, start: a, end: b, generation: found.generation) }
             guard let (stored, blame) = recorded else { continue }
             // (A new generation, or the round's end taking over: nothing more is recorded.)
             guard stored else { break }
@@ -32,7 +32,7 @@ extension FileDownload {
     /// Counts `bad` pieces against the sources that wrote all of each (``RunState/blame(_:now:)``):
     /// one that keeps sending bad pieces is rejected and named. Says so.
     func blame(_ bad: [(start: Int64, end: Int64)], of count: Int, pieces: Metalink.Pieces, after: String) {
-        let (blamed, notices, known) = lock.withLock { state.blame(bad, now: Clock.monotonic()) }
+        let (blamed, notices, known) = state.withLockedValue { $0.blame(bad, now: Clock.monotonic()) }
         let from = blamed.isEmpty ? "" : " (sent by \(blamed.joined(separator: ", ")))"
         if !known { onEvent(.notice("\(bad.count) of \(count) pieces failed their \(pieces.algorithm.rawValue) hash\(from)\(after)")) }
         for notice in notices { onEvent(.notice(notice)) }
@@ -45,14 +45,14 @@ extension FileDownload {
     /// pieces from a clean source where one has room. On the blocking-I/O pool, between rounds.
     func verifyPieces(_ pieces: Metalink.Pieces, file: PartialFile) throws -> Bool {
         try checkpointNow()
-        guard let total = lock.withLock({ record.totalLength }), total > 0, pieces.length > 0 else { return true }
+        guard let total = state.withLockedValue({ $0.record.totalLength }), total > 0, pieces.length > 0 else { return true }
         guard let count = pieces.count(total: total) else {
             // Hashes are never dropped in silence: what cannot be checked is not taken as checked.
             throw PickupError.verification(pieces.uncheckable(total: total))
         }
         // (A check running as pieces complete records nothing from now on: `seal`.)
         let (bad, counted) = try ioLock.withLock { () throws -> ([(start: Int64, end: Int64)], [(start: Int64, end: Int64)]) in
-            let checked = lock.withLock { state.sealPieces() }
+            let checked = state.withLockedValue { $0.sealPieces() }
             var bad: [(start: Int64, end: Int64)] = [], counted: [(start: Int64, end: Int64)] = []
             for k in 0..<count where !checked.good.contains(k) {
                 let (a, b) = pieces.range(k, total: total)
@@ -79,7 +79,7 @@ extension FileDownload {
     /// taken back after a kill (every other byte is in the record). Between rounds, on the pool.
     func cutOut(_ ranges: [(start: Int64, end: Int64)]) throws {
         try ioLock.withLock {
-            let (action, mapped, epoch) = lock.withLock { (state.reopen(ranges), state.cursorFile, record.epoch ?? 0) }
+            let (action, mapped, epoch) = state.withLockedValue { ($0.reopen(ranges), $0.cursorFile, $0.record.epoch ?? 0) }
             try perform(action, file: nil)
             mapped?.reset(epoch: epoch)
         }
@@ -96,15 +96,15 @@ extension FileDownload {
     /// piece hashes this costs one share per suspect, not the whole file (the decisions:
     /// ``RunState/hashMatched(_:)`` and ``RunState/hashFailed()``). On the blocking-I/O pool.
     func searchForTheBadSource(file: PartialFile) throws -> Bool {
-        guard let expected = lock.withLock({ state.sources.several ? request.checksum ?? record.serverDigest : nil }) else {
+        guard let expected = state.withLockedValue({ $0.sources.several ? request.checksum ?? $0.record.serverDigest : nil }) else {
             return true
         }
         try checkpointNow()
         if try file.digest(expected.algorithm) == expected.bytes {
-            if let notice = lock.withLock({ state.hashMatched(expected) }) { onEvent(.notice(notice)) }
+            if let notice = state.withLockedValue({ $0.hashMatched(expected) }) { onEvent(.notice(notice)) }
             return true
         }
-        let (next, url) = lock.withLock { () -> ((source: Int, ranges: [(start: Int64, end: Int64)])?, String) in
+        let (next, url) = state.withLockedValue { state -> ((source: Int, ranges: [(start: Int64, end: Int64)])?, String) in
             let next = state.hashFailed()
             return (next, next.map { $0.source >= 0 ? DownloadURL.redacted(state.sources.sources[$0.source].url) : "" } ?? "")
         }

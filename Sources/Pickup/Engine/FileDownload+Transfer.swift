@@ -25,7 +25,7 @@ extension FileDownload {
         var conditional = initial
         while true {
             let (stream, continuation) = AsyncStream<Void>.makeStream()
-            lock.withLock { state.newRound(connections: options.connections, wake: continuation) }
+            state.withLockedValue { $0.newRound(connections: options.connections, wake: continuation) }
             let ended: RunState.RoundEnd
             do {
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -35,7 +35,7 @@ extension FileDownload {
                         try await self.connection(0, file: file, conditional: first)
                     }
                     for await _ in stream {
-                        for id in 1..<max(1, lock.withLock { state.connectionsAllowed(options.connections) }) {
+                        for id in 1..<max(1, state.withLockedValue { $0.connectionsAllowed(options.connections) }) {
                             group.addTask { try await self.connection(id, file: file, conditional: nil) }
                         }
                     }
@@ -44,13 +44,13 @@ extension FileDownload {
                     while true {
                         do {
                             guard try await group.next() != nil else { break }
-                        } catch is CancellationError where !Task.isCancelled && lock.withLock({ state.isComplete }) {
+                        } catch is CancellationError where !Task.isCancelled && state.withLockedValue({ $0.isComplete }) {
                             continue
                         }
-                        if lock.withLock({ state.isComplete }) { group.cancelAll() }
+                        if state.withLockedValue({ $0.isComplete }) { group.cancelAll() }
                     }
                 }
-                let (early, complete) = lock.withLock { (state.endedEarly, state.scheduler?.isComplete ?? true) }
+                let (early, complete) = state.withLockedValue { ($0.endedEarly, $0.scheduler?.isComplete ?? true) }
                 if let early { return early }
                 if complete {
                     let good = try await BlockingIO.run {
@@ -66,7 +66,7 @@ extension FileDownload {
                 ended = .changed(change.reason)
             }
             // What the run does next (``RunState/roundEnded(_:maxRestarts:connections:)``).
-            switch lock.withLock({ state.roundEnded(ended, maxRestarts: options.retry.maxAttemptsWithoutProgress, connections: options.connections) }) {
+            switch state.withLockedValue({ $0.roundEnded(ended, maxRestarts: options.retry.maxAttemptsWithoutProgress, connections: options.connections) }) {
             case .again:
                 continue
             case .startOver(let notice):
@@ -84,12 +84,12 @@ extension FileDownload {
         // Each connection asks one source at a time: the first asks the URL given first (unless
         // it was rejected or sent a bad piece), the others the best source with room.
         // A finished file is asked about at the source whose validators it has.
-        guard let opened = lock.withLock({
+        guard let opened = state.withLockedValue({ state in
             state.connectionOpens(id, finishedAt: conditional?.1.source, now: Clock.monotonic(), connections: options.connections)
         }) else { return }
         defer {
             // The connection the tuner kept left with bytes to fetch: the held ones go on.
-            if lock.withLock({ state.connectionLeft(id) }) {
+            if state.withLockedValue({ $0.connectionLeft(id) }) {
                 trial.store(-1, ordering: .relaxed)
                 restore.open()
             }
@@ -118,13 +118,13 @@ extension FileDownload {
                 case .retired:
                     return
                 case .ended(let early):
-                    lock.withLock { state.ended(early: early) }
+                    state.withLockedValue { $0.ended(early: early) }
                     return
                 }
             }
             // Shed (see ``ConnectionTuner``): wait in case the connections are brought back; the
             // wait ends by cancellation when the download is complete.
-            guard lock.withLock({ state.waitsForRestore(id) }) else { return }
+            guard state.withLockedValue({ $0.waitsForRestore(id) }) else { return }
             try await restore.wait()
             cursor = work(id).cursor
         }
@@ -132,7 +132,7 @@ extension FileDownload {
 
     /// Connection `id`'s next work (``RunState/work(for:unownedOnly:endgame:now:connections:)``).
     func work(_ id: Int, unownedOnly: Bool = false, endgame: Bool = false) -> RunState.Work {
-        lock.withLock { state.work(for: id, unownedOnly: unownedOnly, endgame: endgame, now: Clock.monotonic(), connections: options.connections) }
+        state.withLockedValue { $0.work(for: id, unownedOnly: unownedOnly, endgame: endgame, now: Clock.monotonic(), connections: options.connections) }
     }
 
     enum RangeOutcome {
@@ -152,7 +152,7 @@ extension FileDownload {
         var cursor = initial
         var conditional = initialConditional
         var source = 0
-        let (held, start, given) = lock.withLock { () -> (Int64, String, String) in
+        let (held, start, given) = state.withLockedValue { state -> (Int64, String, String) in
             source = state.sources.source(of: id) ?? 0
             return (state.heldAtMost(state.heldBytes), state.sources.url(source), state.sources.sources[source].url)
         }
@@ -162,18 +162,18 @@ extension FileDownload {
         var attempt = Attempt(limits: Attempt.Limits(retry: options.retry, maxRedirects: options.maxRedirects,
                                                      allowInsecureRedirects: options.allowInsecureRedirects),
                               held: held, url: start, given: given)
-        /// Goes on with source `to` (another mirror): its URL, its own redirects and failures. With `lock` held.
-        func move(to: Int) {
+        /// Goes on with source `to` (another mirror): its URL, its own redirects and failures, as `sources` has them.
+        func move(to: Int, _ sources: SourceSet) {
             source = to
             conditional = nil  // a finished file's validators are one source's
-            attempt.moved(to: state.sources.url(to), given: state.sources.sources[to].url)
+            attempt.moved(to: sources.url(to), given: sources.sources[to].url)
         }
         /// The source's answer was `fault` (``RunState/sourceFault(_:at:_:why:)``): nil to go on
         /// with another source, else how the range ends.
         func leave(_ fault: RunState.SourceFault, why: String, status: Int = 0) throws -> RangeOutcome? {
-            let (next, notice) = lock.withLock { () -> (RunState.AfterFault, String?) in
+            let (next, notice) = state.withLockedValue { state -> (RunState.AfterFault, String?) in
                 let (next, notice) = state.sourceFault(id, at: source, fault, why: why)
-                if case .moveTo(let to) = next { move(to: to) }
+                if case .moveTo(let to) = next { move(to: to, state.sources) }
                 return (next, notice)
             }
             if let notice { onEvent(.notice(notice)) }
@@ -190,12 +190,12 @@ extension FileDownload {
             // with the fields to send and the quickest answer so far (the pieces' length); none
             // after an fsync failed (``RunState/syncFailure``).
             let holding = cursor.position.load(ordering: .relaxed) > 0
-            let (before, fields, latency) = try lock.withLock { () throws -> (RunState.BeforeAttempt, HTTPFields, Double?) in
+            let (before, fields, latency) = try state.withLockedValue { state throws -> (RunState.BeforeAttempt, HTTPFields, Double?) in
                 if let failed = state.syncFailure { throw failed }
                 let before = state.beforeAttempt(id, at: source, holding: holding)
                 guard case .go(let to, _, _, _, _) = before else { return (before, [:], nil) }
-                if to != source { move(to: to) }
-                return (before, fieldsLocked(for: attempt.url, source: source), state.quickestAnswer)
+                if to != source { move(to: to, state.sources) }
+                return (before, self.fields(for: attempt.url, source: source, in: state), state.quickestAnswer)
             }
             guard case .go(_, let several, let validators, let total, let patience) = before else {
                 if before == .noConfirmer { throw RepresentationChanged(reason: "no source that can confirm the bytes held is left") }
@@ -208,7 +208,7 @@ extension FileDownload {
             if offset > 0, validators?.ifRange == nil, total == nil {
                 onEvent(.notice("the connection dropped and the server gives neither a validator nor a length, so the download must start again from zero"))
                 try await restartFromZero(file)
-                cursor = lock.withLock { state.firstWriter() }
+                cursor = state.withLockedValue { $0.firstWriter() }
                 offset = 0
             }
             // With several sources the length is the file's identity: every response must agree on it.
@@ -230,7 +230,7 @@ extension FileDownload {
                 if let from = sink.firstOffset {
                     let to = sink.cursor.position.load(ordering: .relaxed)
                     let seconds = Clock.monotonic() - began
-                    lock.withLock { state.attemptEnded(id, source: asked, wrote: from, to: to, seconds: seconds) }
+                    state.withLockedValue { $0.attemptEnded(id, source: asked, wrote: from, to: to, seconds: seconds) }
                 }
             }
             do {
@@ -255,7 +255,7 @@ extension FileDownload {
             } catch let e as TransportError {
                 // Slow to start (an archive built on the fly, cold storage) or slow again: the
                 // next attempt waits longer (doubling, up to the transport's bound).
-                let (patience, known) = lock.withLock { () -> (Int, Attempt.Facts?) in
+                let (patience, known) = state.withLockedValue { state -> (Int, Attempt.Facts?) in
                     guard case .stalled = e else { return (0, state.facts(for: id, holding: 0)) }
                     return (state.stalled(id, beforeBody: !sink.gotBody), state.facts(for: id, holding: 0))
                 }
@@ -273,7 +273,7 @@ extension FileDownload {
             }
             cursor = sink.cursor
             // Stopped meanwhile (another connection went on alone), else what the run says now.
-            guard let facts = lock.withLock({ state.facts(for: id, holding: state.heldBytes) }) else { return .retired }
+            guard let facts = state.withLockedValue({ $0.facts(for: id, holding: $0.heldBytes) }) else { return .retired }
             if sink.decision?.writes == true { conditional = nil }
             let position = cursor.position.load(ordering: .relaxed)
             let response = Attempt.Response(decision: sink.decision, failure: failure, advanced: position > offset, position: position,
@@ -283,10 +283,10 @@ extension FileDownload {
             case .again: continue
             case .redirected:
                 // Further requests to this source start there (one source: the first connection's say).
-                if several || id == 0 { lock.withLock { state.redirected(source, to: attempt.url) } }
+                if several || id == 0 { state.withLockedValue { $0.redirected(source, to: attempt.url) } }
                 continue
             case .done(let lengthIsHeld):
-                if lengthIsHeld { lock.withLock { state.unknownLengthEnded(writtenBy: cursor) } }
+                if lengthIsHeld { state.withLockedValue { $0.unknownLengthEnded(writtenBy: cursor) } }
                 return .done
             case .unchanged:
                 guard let conditional else { return .done }
@@ -298,7 +298,7 @@ extension FileDownload {
             case .failed(let failure):
                 switch try await afterFailure(failure, id, source: source, facts: facts, attempt: &attempt) {
                 case .again: continue
-                case .moveTo(let to): lock.withLock { move(to: to) }
+                case .moveTo(let to): move(to: to, state.withLockedValue { $0.sources })
                 case .retired: return .retired
                 }
             }
@@ -315,7 +315,7 @@ extension FileDownload {
         if case .askSources(let f, let tooLong) = next {
             // Several sources: a busy one (503, too many connections) takes no more, a failing
             // one is left for another with room, and one that keeps failing is retired.
-            let (answer, notice) = lock.withLock { state.attemptFailed(source: source, connection: id, f, tooLong: tooLong) }
+            let (answer, notice) = state.withLockedValue { $0.attemptFailed(source: source, connection: id, f, tooLong: tooLong) }
             if let notice { onEvent(.notice(notice)) }
             switch answer {
             case .retry:

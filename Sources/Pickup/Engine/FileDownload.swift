@@ -9,7 +9,7 @@ import SystemPackage
 /// connections with retries, checkpoint, verify, and put the file in place by an atomic rename.
 ///
 /// The hot path (``BodyWriter/receiveBody(_:)``) touches only atomics (a ``SegmentCursor``,
-/// `transferred`, the tuner's `trial`); everything else the transport threads and the engine share is under `lock`.
+/// `transferred`, the tuner's `trial`); everything else the transport threads and the engine share is in `state`, under its lock.
 final class FileDownload: @unchecked Sendable {
     let request: DownloadRequest
     let options: DownloadOptions
@@ -30,23 +30,20 @@ final class FileDownload: @unchecked Sendable {
     /// Body bytes written in this run.
     let transferred = ManagedAtomic<Int64>(0)
 
-    let lock = NIOLock()
     /// Taken around every write of the control file and every truncation of the partial file (on
     /// the blocking-I/O pool), so that they happen one at a time and in order. The data path never
-    /// takes it; a thread holding it takes `lock` only briefly, never the other way round.
+    /// takes it; a thread holding it takes the state's lock only briefly, never the other way round.
     let ioLock = NIOLock()
-    /// The run's state machine, the one thing `lock` guards: every mutable fact of the run (the
-    /// control record and what is on disk, the ranges, the sources, the writers, the tuner, the
-    /// search for a bad source, the cookies), changed only by its named events (``RunState``).
-    var state: RunState
-    /// The record (``RunState/record``). With `lock` held.
-    var record: ControlRecord { state.record }
+    /// The run's state machine under its lock, reached only through it (as async-http-client's
+    /// `modifyStateAndRunActions`): an event applied under the lock returns what the engine then
+    /// does, outside it. Every mutable fact of the run (the control record and what is on disk,
+    /// the ranges, the sources, the writers, the tuner, the search for a bad source, the cookies),
+    /// changed only by its named events (``RunState``).
+    let state: NIOLockedValueBox<RunState>
     /// The partial file, open and locked for the run: set once by ``prepare()``.
     var file: PartialFile? { opened.load() }
     private let opened = ManagedAtomicLazyReference<PartialFile>()
 
-    /// The URL given after redirects (``SourceSet`` keeps where each source leads). With `lock` held.
-    var resolvedURL: String { state.sources.url(0) }
     /// While shed to one connection (``ConnectionTuner``), the others wait here.
     let restore = Gate()
     /// While the tuner tries one connection, that connection (-1: none): every other one reads
@@ -94,9 +91,9 @@ final class FileDownload: @unchecked Sendable {
         userHeaders = RequestOptions.userHeaders(request.options.headers, for: request.url)
         ticks = Ticks(progressEvery: options.progressInterval, checkpointEvery: options.checkpointInterval,
                       writeBehindEvery: Self.writeBehindBytes)
-        state = RunState(record: ControlRecord.empty(url: request.url), minSplit: options.minSplitSize,
-                         sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections),
-                         cookies: request.options.cookies)
+        state = NIOLockedValueBox(RunState(record: ControlRecord.empty(url: request.url), minSplit: options.minSplitSize,
+                                           sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections),
+                                           cookies: request.options.cookies))
     }
 
     // MARK: - The run
@@ -141,7 +138,7 @@ final class FileDownload: @unchecked Sendable {
             }
             return DownloadResult(outcome: .downloaded, path: path, size: size,
                                   bytesTransferred: transferred.load(ordering: .relaxed),
-                                  resumedFrom: lock.withLock { state.keptFromStart },
+                                  resumedFrom: state.withLockedValue { $0.keptFromStart },
                                   elapsed: Clock.monotonic() - started, digest: digest)
         } catch {
             stopMonitoring()
@@ -196,7 +193,7 @@ final class FileDownload: @unchecked Sendable {
             // Nothing held (also after a kill between the finishing rename and the control file's
             // removal): a finished file of this URL is checked instead of fetched again.
             let resumes = try loadControlFile(file)
-            if lock.withLock({ state.started() }) == 0 || !resumes {
+            if state.withLockedValue({ $0.started() }) == 0 || !resumes {
                 if let found = store.lookup(url: request.url, in: dir, name: fixedName, versions: !request.overwrite) {
                     guard let v = found.1.validators, v.canRevalidate else {
                         onEvent(.notice("already downloaded: \(found.0) (\(ByteCount.format(found.1.length)); the server gave no validator to check it against)"))
@@ -222,13 +219,13 @@ final class FileDownload: @unchecked Sendable {
     func checkFixedTarget() throws(PickupError) {
         guard let name = fixedName, !request.overwrite, dir.exists(name) else { return }
         if store.lookup(url: request.url, in: dir, name: name, versions: false) != nil {
-            lock.withLock { state.fixedTargetIsOurs() }
+            state.withLockedValue { $0.fixedTargetIsOurs() }
             return
         }
         // A file Pickup finished from another URL, where this URL may answer with a Metalink
         // document describing that very file (a rerun of `get URL -o NAME`: the file's record is
         // under the document's URL for it): decided by the first answer, before a byte of it is
-        // written (``targetPath(head:ours:)``).
+        // written (``targetPath(head:_:)``).
         if request.followMetalink, let fd = try? dir.openFile(name, write: false) {
             defer { try? fd.close() }
             if store.attached(to: fd) != nil { return }
@@ -260,14 +257,14 @@ final class FileDownload: @unchecked Sendable {
         case .anotherURL(let why) where request.followMetalink:
             // Left as it is until this URL answers: a Metalink document (a rerun of `get URL`
             // whose files are named as this path is) writes nothing here; a file discards it first.
-            lock.withLock { state.foundForeign(why) }
+            state.withLockedValue { $0.foundForeign(why) }
             return false
         case .startOver(let why), .anotherURL(let why):
             onEvent(.notice(why))
             discardAll()
             return false
         case .resume(let rec, let merged):
-            let recovered = lock.withLock { () -> Checkpoints.Action? in
+            let recovered = state.withLockedValue { state -> Checkpoints.Action? in
                 state.loaded(rec)
                 return merged.map { state.recovered($0) }
             }
@@ -275,10 +272,10 @@ final class FileDownload: @unchecked Sendable {
         }
         // What the slots held is in the control file now: they start again for this run. (Here in
         // `prepare`, before any connection or checkpoint runs: the recovery's store above needs no
-        // `lock` around its decision, and the mapping may be registered before its reset.)
-        let now = lock.withLock { () -> ControlRecord in
+        // lock around its decision, and the mapping may be registered before its reset.)
+        let now = state.withLockedValue { state -> ControlRecord in
             if let mapped { state.mapped(mapped) }
-            return self.record
+            return state.record
         }
         mapped?.reset(epoch: now.epoch ?? 0)
         let heldNow = now.durableBytes
@@ -295,7 +292,7 @@ final class FileDownload: @unchecked Sendable {
     func removeControlFile() {
         ControlFile.remove(controlName, in: dir)
         dir.remove(cursorName)
-        lock.withLock { state.removed() }
+        state.withLockedValue { $0.removed() }
     }
 
     /// Forgets the partial download: the control file goes; the open, locked partial file is emptied
@@ -309,11 +306,11 @@ final class FileDownload: @unchecked Sendable {
     /// origin of the URL the user gave).
     /// A mirror's own credentials (in its URL) go to its origin only.
     func userFields(for url: String, source: Int = 0) -> HTTPFields {
-        lock.withLock { fieldsLocked(for: url, source: source) }
+        state.withLockedValue { fields(for: url, source: source, in: $0) }
     }
 
-    /// ``userFields(for:source:)``, with `lock` held.
-    func fieldsLocked(for url: String, source: Int) -> HTTPFields {
+    /// ``userFields(for:source:)``, with the cookies and the sources of `state`.
+    func fields(for url: String, source: Int, in state: RunState) -> HTTPFields {
         var fields = RequestOptions.fields(for: url, original: request.url, headers: userHeaders, jar: state.jar, now: Clock.wallSeconds())
         if source > 0, case let given = state.sources.sources[source].url, Origin(url) == Origin(given),
             let basic = RequestOptions.credentials(in: given), fields[.authorization] == nil, let field = basic.field
@@ -328,13 +325,13 @@ final class FileDownload: @unchecked Sendable {
     func keepCookies(from head: ResponseHead, url: String) {
         let values = head.fields[values: .setCookie]
         guard !values.isEmpty else { return }
-        lock.withLock { state.keepCookies(values, from: url, now: Clock.wallSeconds()) }
+        state.withLockedValue { $0.keepCookies(values, from: url, now: Clock.wallSeconds()) }
     }
 
     /// Removes the partial file and its helpers when they hold nothing. On the blocking-I/O pool.
     func discardPartialIfEmpty(evenIfHeld: Bool = false) {
         ioLock.withLock {
-            let (foreign, held) = lock.withLock { (state.foreign != nil, state.heldBytes) }
+            let (foreign, held) = state.withLockedValue { ($0.foreign != nil, $0.heldBytes) }
             if foreign { return }  // (another URL's, not ours to remove)
             if evenIfHeld || held == 0 {
                 removeControlFile()

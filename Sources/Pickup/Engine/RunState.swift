@@ -2,7 +2,7 @@
 /// (``Checkpoints``), the ranges and who fetches them (``SegmentScheduler``), and what the run
 /// has observed (where each range's writer was last seen, which connection goes on alone, what
 /// was kept from the start), the writers, the tuner, the search for a bad source. No system
-/// calls: ``FileDownload`` keeps it under its `lock`, feeds it events and carries out the actions
+/// calls: ``FileDownload`` keeps it in a `NIOLockedValueBox` (its `state`, reached only through the lock), feeds it events and carries out the actions
 /// it returns (stores, fsyncs, truncations, the target's name, waking connections) outside it. It
 /// does hold references to the I/O edge's memory, the writers' cursors (atomics, some in the
 /// mapped cursor file): it creates them, lowers their ends and samples them, so a copy of the
