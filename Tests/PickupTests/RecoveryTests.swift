@@ -13,6 +13,19 @@ import TestServer
         ControlRecord(url: "http://h/f", target: nil, validators: validators, totalLength: total, segments: segments, epoch: 1)
     }
 
+    /// What a resumed run says: how much, in how many ranges, how much the cursors added.
+    @Test func aResumedRunSaysWhatItHolds() {
+        let one = Self.record(validators: Self.strong, segments: [SegmentRecord(start: 0, end: 1000, done: 600)])
+        #expect(Recovery.resuming(one, durable: 600) == "resuming at 600 B of 1000 B")
+        #expect(Recovery.resuming(one, durable: 400) == "resuming at 600 B of 1000 B (200 B of it written since the last checkpoint)")
+        let two = Self.record(validators: Self.strong, segments: [SegmentRecord(start: 0, end: 500, done: 100),
+                                                                   SegmentRecord(start: 500, end: 1000, done: 200)])
+        #expect(Recovery.resuming(two, durable: 300) == "resuming at 300 B of 1000 B in 2 ranges")
+        let unknown = Self.record(validators: Self.strong, segments: [SegmentRecord(start: 0, end: nil, done: 10)], total: nil)
+        #expect(Recovery.resuming(unknown, durable: 10) == "resuming at 10 B")
+        #expect(Recovery.resuming(Self.record(validators: Self.strong, segments: [SegmentRecord(start: 0, end: 1000, done: 0)]), durable: 0) == nil)
+    }
+
     @Test func cursorsWithoutAStrongValidatorAreNeverTakenBack() {
         // The splice: a control file that claims nothing (written before the first checkpoint) and
         // cursors that vouch for bytes, of a server with no validator.

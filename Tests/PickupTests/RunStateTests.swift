@@ -521,16 +521,18 @@ import Testing
         s.wrote(0, 500, by: 1)
         s.wrote(500, 800, by: 0)  // (800..<1000: written before a kill, by no known source)
 
-        let first = s.hashFailed()
+        let first = s.hashFailed(algorithm: "sha-256")
         #expect(first?.source == -1 && spans(first?.ranges) == [[800, 1000]], "the bytes of unknown source first")
+        #expect(first?.notice.contains("sha-256 hash; fetching again the 200 B whose source is not known") == true, "\(first?.notice ?? "")")
         s.wrote(800, 1000, by: 2)
-        let second = s.hashFailed()
+        let second = s.hashFailed(algorithm: "sha-256")
         #expect(second?.source == 1 && spans(second?.ranges) == [[0, 500]] && suspended(1), "then the largest share")
+        #expect(second?.notice.hasSuffix("fetching the 500 B that http://b/f sent from the other sources") == true, "\(second?.notice ?? "")")
         s.wrote(0, 500, by: 0)  // its share, from the others
-        let third = s.hashFailed()
+        let third = s.hashFailed(algorithm: "sha-256")
         #expect(third?.source == 0 && spans(third?.ranges) == [[0, 800]] && suspended(0) && !suspended(1))
         s.wrote(0, 800, by: 1)
-        let fourth = s.hashFailed()
+        let fourth = s.hashFailed(algorithm: "sha-256")
         #expect(fourth?.source == 2 && spans(fourth?.ranges) == [[800, 1000]] && suspended(2))
         let preVerifiedBefore = s.preVerified
         #expect(preVerifiedBefore == nil)
@@ -541,7 +543,7 @@ import Testing
         #expect(notice?.contains("c/f") == true && s.sources.isRetired(2) && !suspended(2), "\(notice ?? "no notice")")
         #expect(s.preVerified == digest && s.search == nil)
         // Every source suspected once, none left: a new failure starts a new search.
-        let again = s.hashFailed()
+        let again = s.hashFailed(algorithm: "sha-256")
         #expect(again?.source == 1, "a new search")
     }
 

@@ -5,7 +5,7 @@ import Foundation
 extension FileDownload {
     /// Starts progress reports, checkpoints and tuner samples (see ``DownloadMonitor``).
     func startMonitoring() {
-        tickLock.withLock { ticks.start(now: Clock.monotonic()) }
+        ticks.withLockedValue { $0.start(now: Clock.monotonic()) }
         monitor.add(self)
     }
 
@@ -13,7 +13,7 @@ extension FileDownload {
     /// checkpointed behind the caller's back.
     func stopMonitoring() {
         monitor.remove(self)
-        tickLock.withLock { ticks.monitored = false }
+        ticks.withLockedValue { $0.monitored = false }
     }
 
     /// One tick of the monitor: reports progress every `progressInterval` (give or take a tenth:
@@ -21,7 +21,7 @@ extension FileDownload {
     /// tick after it), and feeds the tuner. Returns whether the tuner is still deciding (then ticks come every
     /// ``ConnectionTuner/step``; only in the first second, where deciding early pays).
     func tick(now: Double) -> Bool {
-        tickLock.withLock {
+        ticks.withLockedValue { ticks in
             guard ticks.monitored else { return false }
             let due = ticks.tick(now: now, written: transferred.load(ordering: .relaxed))
             if let speed = due.progress {

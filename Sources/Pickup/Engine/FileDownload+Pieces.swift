@@ -94,7 +94,7 @@ extension FileDownload {
     /// and the next round fetches it from the others. The first round after which the hash
     /// matches names the bad source (rejected, and remembered in the control file). Without
     /// piece hashes this costs one share per suspect, not the whole file (the decisions:
-    /// ``RunState/hashMatched(_:)`` and ``RunState/hashFailed()``). On the blocking-I/O pool.
+    /// ``RunState/hashMatched(_:)`` and ``RunState/hashFailed(algorithm:)``). On the blocking-I/O pool.
     func searchForTheBadSource(file: PartialFile) throws -> Bool {
         guard let expected = state.withLockedValue({ $0.sources.several ? request.checksum ?? $0.record.serverDigest : nil }) else {
             return true
@@ -104,23 +104,9 @@ extension FileDownload {
             if let notice = state.withLockedValue({ $0.hashMatched(expected) }) { onEvent(.notice(notice)) }
             return true
         }
-        let (next, url) = state.withLockedValue { state -> ((source: Int, ranges: [(start: Int64, end: Int64)])?, String) in
-            let next = state.hashFailed()
-            return (next, next.map { $0.source >= 0 ? DownloadURL.redacted(state.sources.sources[$0.source].url) : "" } ?? "")
-        }
         // Nothing left to suspect: the finish says the hash failed.
-        guard let next else { return true }
-        let bytes = next.ranges.reduce(Int64(0)) { sum, r in
-            let (s, overflow) = sum.addingReportingOverflow(r.end - r.start)
-            return overflow ? .max : s
-        }
-        if next.source < 0 {
-            onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching again the \(ByteCount.format(bytes)) "
-                + "whose source is not known (written before a kill), to find the source that sent other bytes"))
-        } else {
-            onEvent(.notice("the file does not match its \(expected.algorithm.rawValue) hash; fetching the \(ByteCount.format(bytes)) "
-                + "that \(url) sent from the other sources"))
-        }
+        guard let next = state.withLockedValue({ $0.hashFailed(algorithm: expected.algorithm.rawValue) }) else { return true }
+        onEvent(.notice(next.notice))
         try cutOut(next.ranges)
         return false
     }

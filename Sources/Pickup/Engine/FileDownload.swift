@@ -67,10 +67,9 @@ final class FileDownload: @unchecked Sendable {
     let laneBase = FileDownload.lanes.loadThenWrappingIncrement(ordering: .relaxed)
     static let lanes = ManagedAtomic(0)
 
-    let tickLock = NIOLock()
-    /// What the monitor's ticks decide (``Ticks``), guarded by `tickLock` (held for a whole tick, so
-    /// that ``stopMonitoring()`` waits for one in progress).
-    var ticks: Ticks
+    /// What the monitor's ticks decide (``Ticks``), reached only through its lock (held for a whole
+    /// tick, so that ``stopMonitoring()`` waits for one in progress).
+    let ticks: NIOLockedValueBox<Ticks>
 
     init(request: DownloadRequest, options: DownloadOptions, transport: any Transport, monitor: DownloadMonitor? = nil,
          onEvent: @escaping @Sendable (DownloadEvent) -> Void) throws(PickupError) {
@@ -89,8 +88,8 @@ final class FileDownload: @unchecked Sendable {
         cursorName = DownloadFiles.cursorName(control: controlName)
         dir = try DirectoryHandle.open(directory, under: request.root, create: true)
         userHeaders = RequestOptions.userHeaders(request.options.headers, for: request.url)
-        ticks = Ticks(progressEvery: options.progressInterval, checkpointEvery: options.checkpointInterval,
-                      writeBehindEvery: Self.writeBehindBytes)
+        ticks = NIOLockedValueBox(Ticks(progressEvery: options.progressInterval, checkpointEvery: options.checkpointInterval,
+                                        writeBehindEvery: Self.writeBehindBytes))
         state = NIOLockedValueBox(RunState(record: ControlRecord.empty(url: request.url), minSplit: options.minSplitSize,
                                            sources: SourceSet(urls: [request.url] + request.mirrors, connections: options.connections),
                                            cookies: request.options.cookies))
@@ -278,13 +277,7 @@ final class FileDownload: @unchecked Sendable {
             return state.record
         }
         mapped?.reset(epoch: now.epoch ?? 0)
-        let heldNow = now.durableBytes
-        if heldNow > 0 {
-            let total = now.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
-            let parts = now.segments.filter { $0.done < ($0.end ?? .max) - $0.start }.count
-            let since = heldNow > durable ? " (\(ByteCount.format(heldNow - durable)) of it written since the last checkpoint)" : ""
-            onEvent(.notice("resuming at \(ByteCount.format(heldNow))\(total)" + (parts > 1 ? " in \(parts) ranges" : "") + since))
-        }
+        if let notice = Recovery.resuming(now, durable: durable) { onEvent(.notice(notice)) }
         return true
     }
 

@@ -46,6 +46,18 @@ enum Recovery {
         case anotherURL(String)
     }
 
+    /// What a run says when it resumes with `held` (the record once recovered): how much of the
+    /// file, in how many ranges, and how much of it the cursors added to the `durable` bytes of
+    /// the last checkpoint. Nil when nothing is held.
+    static func resuming(_ held: ControlRecord, durable: Int64) -> String? {
+        let bytes = held.durableBytes
+        guard bytes > 0 else { return nil }
+        let total = held.totalLength.map { " of \(ByteCount.format($0))" } ?? ""
+        let parts = held.segments.filter { $0.done < ($0.end ?? .max) - $0.start }.count
+        let since = bytes > durable ? " (\(ByteCount.format(bytes - durable)) of it written since the last checkpoint)" : ""
+        return "resuming at \(ByteCount.format(bytes))\(total)" + (parts > 1 ? " in \(parts) ranges" : "") + since
+    }
+
     static func decide(_ found: Found, url: String) -> Decision {
         guard let record = found.record else {
             if found.controlExists { return .startOver("the partial download's control file is damaged; starting over") }

@@ -1339,8 +1339,31 @@ struct RunState {
     /// First (source -1) the bytes whose source is not known (written before a kill); then, one
     /// round each, the share of every source that wrote in this run, the largest first, that
     /// source suspended meanwhile (a source that first writes during the search joins the end of
-    /// the line). Nil when no suspect is left whose share another live source can fetch.
-    mutating func hashFailed() -> (source: Int, ranges: [(start: Int64, end: Int64)])? {
+    /// the line), with what to say of it (`algorithm`: the hash's name). Nil when no suspect is
+    /// left whose share another live source can fetch.
+    mutating func hashFailed(algorithm: String) -> Suspect? {
+        guard let (source, ranges) = nextSuspect() else { return nil }
+        let bytes = ByteCount.format(ranges.reduce(Int64(0)) { sum, r in
+            let (s, overflow) = sum.addingReportingOverflow(r.end - r.start)
+            return overflow ? .max : s
+        })
+        let notice = source < 0
+            ? "the file does not match its \(algorithm) hash; fetching again the \(bytes) whose source is not known (written before a kill), "
+                + "to find the source that sent other bytes"
+            : "the file does not match its \(algorithm) hash; fetching the \(bytes) that \(DownloadURL.redacted(sources.sources[source].url)) "
+                + "sent from the other sources"
+        return Suspect(source: source, ranges: ranges, notice: notice)
+    }
+
+    /// A source suspected of the whole-file hash's failure (-1: the bytes whose source is not
+    /// known), the ranges it wrote, to fetch again from the others, and what to say.
+    struct Suspect {
+        let source: Int
+        let ranges: [(start: Int64, end: Int64)]
+        let notice: String
+    }
+
+    private mutating func nextSuspect() -> (source: Int, ranges: [(start: Int64, end: Int64)])? {
         var s = search ?? BadSourceSearch(suspects: nil, current: nil)
         suspend(nil)
         if s.suspects == nil {
