@@ -547,6 +547,17 @@ import Testing
         #expect(again?.source == 1, "a new search")
     }
 
+    /// The target is named outside the lock: the first name recorded stays, unless a finished
+    /// file's check names it anew.
+    @Test func theFirstNameOfTheTargetStays() {
+        var s = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100)
+        s.named("/d/f", replacing: false)
+        s.named("/d/f (1)", replacing: false)
+        #expect(s.record.target == "/d/f")
+        s.named("/d/g", replacing: true)
+        #expect(s.record.target == "/d/g")
+    }
+
     /// A range's 206 before its body, as one event with no server: the round's first answer
     /// learns the file, names its mirrors, decides on more connections and starts the tuner; a
     /// dropped writer, a retired source and a disagreeing answer stop before anything changes.

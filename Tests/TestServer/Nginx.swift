@@ -89,17 +89,49 @@ public final class Nginx: @unchecked Sendable {
     /// A loopback port nothing listens on and no server of this run had (``Ports``): for a
     /// server program to take, or for a test that needs a port where nothing answers.
     ///
-    /// Taken below the kernel's ephemeral range (`ip_local_port_range`), where no connection's
+    /// Taken outside the kernel's ephemeral range (`ip_local_port_range`; below it, else above), where no connection's
     /// local end and no bind to port 0 lands: a port from that range, free when this looked, was
     /// at times taken by one of the suite's many outgoing connections before the server program
     /// bound it (tinyproxy "could not create listening sockets", pyftpdlib "address already in use").
+    /// Where the range leaves none (`1024 65535`), one the kernel offers for port 0, as before.
     public static func freePort() throws -> Int {
-        let low = ephemeralRange().lowerBound
-        let window = max(1024, low - 16384)..<low
-        guard !window.isEmpty else { throw NSError(domain: "no port below the ephemeral range", code: 3) }
-        for _ in 0..<500 {
-            let port = Int.random(in: window)
-            if Ports.claim(port) && canBind(port) { return port }
+        let ephemeral = ephemeralRange()
+        // Below the range, else above it; each window built only when it holds a port.
+        var windows: [Range<Int>] = []
+        let below = max(1024, ephemeral.lowerBound - 16384)
+        if below < ephemeral.lowerBound { windows.append(below..<ephemeral.lowerBound) }
+        let above = min(65536, ephemeral.upperBound + 1 + 16384)
+        if ephemeral.upperBound + 1 < above { windows.append((ephemeral.upperBound + 1)..<above) }
+        for window in windows {
+            for _ in 0..<min(500, 4 * window.count) {
+                let port = Int.random(in: window)
+                if Ports.claim(port) && canBind(port) { return port }
+            }
+        }
+        return try kernelsChoice()
+    }
+
+    /// A port the kernel offers for port 0 and no server of this run had.
+    static func kernelsChoice() throws -> Int {
+        var held: [Int32] = []
+        defer { for fd in held { close(fd) } }
+        for _ in 0..<100 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            guard fd >= 0 else { break }
+            held.append(fd)  // bound until a new port is found, so the kernel cannot offer it again
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            addr.sin_port = 0
+            var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let ok = withUnsafeMutablePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0
+                }
+            }
+            guard ok else { break }
+            let port = Int(UInt16(bigEndian: addr.sin_port))
+            if Ports.claim(port) { return port }
         }
         throw NSError(domain: "no free port", code: 3)
     }
@@ -108,7 +140,7 @@ public final class Nginx: @unchecked Sendable {
     static func ephemeralRange() -> ClosedRange<Int> {
         let text = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8)) ?? ""
         let numbers = text.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" }).compactMap { Int($0) }
-        guard numbers.count == 2, numbers[0] <= numbers[1] else { return 32768...60999 }
+        guard numbers.count == 2, 1 <= numbers[0], numbers[0] <= numbers[1], numbers[1] <= 65535 else { return 32768...60999 }
         return numbers[0]...numbers[1]
     }
 

@@ -8,7 +8,7 @@ extension FileDownload {
     /// finished download is (one that appeared since the start, or one whose run waited for the
     /// first answer) stops the download instead: `-o` writes exactly there or nowhere. It looks in
     /// the directory and may say a notice: never under the state's lock. The caller records the
-    /// path (``RunState/describe(_:)``) before any byte of the answer is written.
+    /// path (``RunState/named(_:replacing:)``) before any byte of the answer is written.
     func targetPath(head: ResponseHead?, _ naming: Naming) throws -> String {
         let raw: String
         if let fixed = fixedName {
@@ -81,7 +81,7 @@ extension FileDownload {
         // Recorded as complete before verifying (a kill then costs a verification, not the
         // bytes), unless no control file was ever needed (it all took less than a checkpoint).
         let (action, rec, checked) = state.withLockedValue { state -> (Checkpoints.Action, ControlRecord, ExpectedDigest?) in
-            if let target { state.describe { $0.target = target } }
+            if let target { state.named(target, replacing: false) }
             return (state.finishing(size: size, verifying: request.checksum != nil || state.record.serverDigest != nil), state.record, state.preVerified)
         }
         try perform(action, file: nil)

@@ -52,11 +52,16 @@ extension FileDownload {
                 }
             }
             if writing?.tuning == true { monitor.sampleOften() }
-            if let (file, total) = preallocate, try file.size() < total { try file.preallocate(total) }
+            // Named before the preallocation (a file at `-o NAME` that appeared since the start
+            // stops the run before it waits on, or fails for, the disk space), and stored with it.
             if let naming {
                 let target = try targetPath(head: head, naming)
-                state.withLockedValue { state in state.describe { $0.target = target } }
+                soon = state.withLockedValue { state in
+                    state.named(target, replacing: context.conditional)
+                    return state.wantsStoreSoon
+                }
             }
+            if let (file, total) = preallocate, try file.size() < total { try file.preallocate(total) }
             if writing?.openMore == true { more?.yield() }
             more?.finish()
             if soon { storeBeforeFirstByte() }
@@ -92,7 +97,7 @@ extension FileDownload {
             let naming = state.withLockedValue { $0.record.target == nil || context.conditional ? Naming($0) : nil }
             let target = try naming.map { try targetPath(head: head, $0) }
             let (fresh, more, soon) = state.withLockedValue { state -> (SegmentCursor, AsyncStream<Void>.Continuation?, Bool) in
-                if let target { state.describe { $0.target = target } }
+                if let target { state.named(target, replacing: context.conditional) }
                 return (state.wholeTaken(total: total, by: connection, source: source, latency: latency), state.wake, state.wantsStoreSoon)
             }
             more?.finish()

@@ -472,6 +472,14 @@ struct RunState {
     /// ``ranges(_:)`` only.
     mutating func describe(_ change: (inout ControlRecord) -> Void) { checkpoints.update(change) }
 
+    /// The target's path, chosen outside the lock for an answer that named it: recorded unless
+    /// another answer named it meanwhile (the first name stays), or `replacing` (a finished file's
+    /// check, answered with another version, names it anew).
+    mutating func named(_ target: String, replacing: Bool) {
+        guard record.target == nil || replacing else { return }
+        describe { $0.target = target }
+    }
+
     /// Where the writer of range `segment`, which starts at `start`, stops now: the scheduler's
     /// end of that range, the one owner of a range's end (``lowerEnd(of:)``
     /// copies it to the writers). Nil without ranges, or when that range is not this one now.
@@ -1084,7 +1092,7 @@ struct RunState {
     }
 
     /// Connection `id`'s response writes from `from` on, from source `source`, through `cursor`.
-    mutating func responseBegan(_ id: Int, from: Int64, source: Int, cursor: SegmentCursor) {
+    private mutating func responseBegan(_ id: Int, from: Int64, source: Int, cursor: SegmentCursor) {
         responses[id] = Response(from: from, source: source, cursor: cursor, epoch: record.epoch)
     }
 
