@@ -147,6 +147,16 @@ public final class Nginx: @unchecked Sendable {
     /// Whether 127.0.0.1:`port` can be bound now (without `SO_REUSEADDR`: a port some socket still
     /// holds, in TIME_WAIT too, is not free).
     static func canBind(_ port: Int) -> Bool {
+        withLoopbackSocket(port: port) { fd, address, length in bind(fd, address, length) == 0 }
+    }
+
+    public static func canConnect(_ port: Int) -> Bool {
+        withLoopbackSocket(port: port) { fd, address, length in connect(fd, address, length) == 0 }
+    }
+
+    /// `body` on a new TCP socket and the address 127.0.0.1:`port` (false when no socket can be
+    /// made); the socket is closed after.
+    static func withLoopbackSocket(port: Int, _ body: (Int32, UnsafePointer<sockaddr>, socklen_t) -> Bool) -> Bool {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { return false }
         defer { close(fd) }
@@ -155,19 +165,7 @@ public final class Nginx: @unchecked Sendable {
         addr.sin_addr.s_addr = inet_addr("127.0.0.1")
         addr.sin_port = UInt16(port).bigEndian
         return withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-    }
-
-    public static func canConnect(_ port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = UInt16(port).bigEndian
-        return withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
     }
 }
