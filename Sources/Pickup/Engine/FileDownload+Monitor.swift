@@ -93,9 +93,7 @@ extension FileDownload {
             trialBytes.store(0, ordering: .relaxed)
             trial.store(keeper, ordering: .relaxed)
         case .restored?:
-            // The held connections read on; any that finished its range meanwhile waits at the gate.
-            trial.store(-1, ordering: .relaxed)
-            restore.open()
+            bringHeldBack()
         case .keptShed(let kept)?:
             // The held ranges end where they are (their writers see the lowered ends once they
             // read again) and the one connection takes the rest.
@@ -107,5 +105,12 @@ extension FileDownload {
             break
         }
         return tuning
+    }
+
+    /// The tuner's held connections read on (``RunState`` restored them): the trial ends, and any
+    /// that finished its range meanwhile and waits at the gate goes on.
+    func bringHeldBack() {
+        trial.store(-1, ordering: .relaxed)
+        restore.open()
     }
 }

@@ -89,10 +89,7 @@ extension FileDownload {
         }) else { return }
         defer {
             // The connection the tuner kept left with bytes to fetch: the held ones go on.
-            if state.withLockedValue({ $0.connectionLeft(id) }) {
-                trial.store(-1, ordering: .relaxed)
-                restore.open()
-            }
+            if state.withLockedValue({ $0.connectionLeft(id) }) { bringHeldBack() }
         }
         var conditional = opened.asked ? conditional : nil
         var cursor = opened.cursor
