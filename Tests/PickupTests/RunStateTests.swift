@@ -235,6 +235,37 @@ import Testing
         #expect(before5 == .stop)
     }
 
+    /// A resumed run whose first connection's range holds nothing asks the first URL; when that
+    /// one has no validator (a dead mirror that never answered) and fails, the connection moves to
+    /// the others at once: only a source that can confirm the held bytes is retried in place.
+    /// (Torture seed 369392275359: the run retried the dead URL until it gave up.)
+    @Test func aSourceThatCannotConfirmTheHeldBytesIsNotRetriedInPlace() {
+        let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        var s = RunState(record: ControlRecord.empty(url: "http://dead/f"), minSplit: 100,
+                         sources: SourceSet(urls: ["http://dead/f", "http://b/f"], connections: 2))
+        var held = ControlRecord.empty(url: "http://dead/f")
+        held.totalLength = 1000
+        held.segments = [SegmentRecord(start: 0, end: 500, done: 0), SegmentRecord(start: 500, end: 1000, done: 500)]
+        s.loaded(held)
+        s.describe { $0.setValidators(strong, of: 1) }
+        #expect(s.started() == 500)
+        let started = s.connectionStarted(0, asking: 0)
+        #expect(started)
+        let before = s.beforeAttempt(0, at: 0, holding: false)
+        #expect(before == .go(source: 0, several: true, validators: nil, total: 1000, patience: 0))
+        // The held bytes are not confirmed, but the dead source cannot confirm them.
+        let facts = s.facts(for: 0, holding: 500)
+        #expect(facts?.heldConfirmed == true)
+        var attempt = Attempt(limits: .init(retry: RetryPolicy(maxAttemptsWithoutProgress: 4, baseDelay: 0.5, maxDelay: 8, maxRetryAfter: 60), maxRedirects: 5), held: 500)
+        let action = attempt.failed(.init(message: "connection refused"), connection: 0, facts: facts!, jitter: 0)
+        #expect(action == .askSources(.init(message: "connection refused"), tooLong: false))
+        let (next, _) = s.attemptFailed(source: 0, connection: 0, .init(message: "connection refused"), tooLong: false)
+        #expect(next == .moveTo(1))
+        // At the source that can confirm them, a failure is retried in place.
+        let there = s.facts(for: 0, holding: 500)
+        #expect(there?.heldConfirmed == false)
+    }
+
     /// A source's fault (not this file, changed, refused): with several sources the connection
     /// moves on, the source retired; with one the run starts over, the connection leaves, or the
     /// download fails; nothing of it needs a server.

@@ -38,7 +38,8 @@ import TestServer
 /// `PICKUP_TORTURE_SEED` replays a run (its seed is printed); `PICKUP_TORTURE_TRIALS` sets the
 /// number of trials (default 200); `PICKUP_TORTURE_BEHAVIOUR` (`overFTPS`, `throughSquid`, ...)
 /// runs only the trials of one server behaviour; `PICKUP_DEBUG_STDERR=FILE` collects the runs'
-/// messages (the runs are not quiet then).
+/// messages (the runs are not quiet then, unless `PICKUP_DEBUG_QUIET=1`: their timing differs, and
+/// a quiet run's errors are collected too).
 ///
 /// It runs in its own `swift test` invocation (`PICKUP_TORTURE=1`, as `.ci/run` does): beside the
 /// rest of the suite on two cores its processes would slow every other test past its time limit.
@@ -74,9 +75,16 @@ struct TortureTests {
                                        244_208_091_525, 400_819_803_143, 140_685_097_781, 407_605_794_980,
                                        // A tunnel's connection given back while a head was decided off its
                                        // event loop (reading off): the next range on it waited for the stall.
-                                       327_877_006_768]
+                                       327_877_006_768,
+                                       // Mirrors, the first URL dead and the file's hash given: a resumed run whose
+                                       // first range held nothing (the hash search's refetch) asked the dead URL,
+                                       // and as the held bytes were unconfirmed it retried it in place until it gave
+                                       // up (now only a source that can confirm them is retried in place).
+                                       369_392_275_359]
     /// The seeds found before mirrors were explored: they replay without them.
     static let seedsBeforeMirrors = fixedSeeds.prefix(5)
+    /// The seeds found before ranges in pieces and Metalink documents were explored: they replay without them.
+    static let seedsBeforePieces = fixedSeeds.prefix(10)
 
     @Test func killsChangesAndFaultsNeverSpliceNorCrash() async throws {
         #expect(FileManager.default.isExecutableFile(atPath: CLI.binary), "build the pickup binary first")
@@ -171,7 +179,7 @@ struct TortureTests {
         // Half of the other trials ask for ranges in pieces and split between responses, as over
         // https (the test server speaks plain HTTP, where they are off by default). From the seed,
         // and never for the fixed seeds: they replay as found.
-        let pieces = !Self.fixedSeeds.contains(seed) && seed % 4 >= 2
+        let pieces = !Self.seedsBeforePieces.contains(seed) && seed % 4 >= 2
         let hooks = pieces ? ["PICKUP_TEST_PIECEWISE": "1"] : [:]
         let label = "trial \(index) seed \(seed): \(kind) x\(connections) \(size) B at \(rate) B/s, \(kills) kills, change before run \(changeBefore.map(String.init) ?? "-"), fault \(faultRun.map { "in run \($0): \(faultSpec)" } ?? "-"), \(behaviour)\(throughSOCKS == nil ? "" : " through SOCKS5")\(pieces ? ", ranges in pieces" : "")"
         // Only the trials of one behaviour (to look into one server closely).
@@ -218,7 +226,7 @@ struct TortureTests {
         let badMirror = behaviour == .mirrors && changeBefore == nil && pickSide(3) == 0
         // Half of those get the hashes from a Metalink document instead: piece hashes, checked
         // as the file completes, and the whole-file hash (a batch of one, run by `--metalink`).
-        let viaMetalink = badMirror && !fixedSeeds.contains(seed) && pickSide(2) == 0
+        let viaMetalink = badMirror && !seedsBeforePieces.contains(seed) && pickSide(2) == 0
         // Half of those from a URL that answers with the document (`get URL -o f.bin`: the
         // document's file has the name the URL's own download would have, at every rerun).
         let metalinkAnswer = viaMetalink && pickSide(2) == 0
@@ -274,7 +282,7 @@ struct TortureTests {
         case .overFTPS: servers.ftps?.0.url("/t\(index).bin", secure: true) ?? ""
         default: server.url(path)
         }
-        let debugging = ProcessInfo.processInfo.environment["PICKUP_DEBUG_STDERR"] != nil
+        let debugging = ProcessInfo.processInfo.environment["PICKUP_DEBUG_STDERR"] != nil && ProcessInfo.processInfo.environment["PICKUP_DEBUG_QUIET"] == nil
         var urls = [url] + mirrorPaths.map(server.url)
         if deadMirror > 0 { urls.insert("http://127.0.0.1:1/dead.bin", at: deadMirror == 2 ? 0 : urls.count) }
         var args = ["get"] + urls + ["-o", out.string, "-x", "\(connections)", "--retries", "20"] + (debugging ? [] : ["--quiet"])

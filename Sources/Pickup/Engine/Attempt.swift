@@ -24,8 +24,8 @@ struct Attempt: Sendable, Equatable {
         var othersFetching: Bool
         /// The file has several sources (mirrors).
         var several = false
-        /// Bytes held from an earlier run are confirmed by a source (until then the source that
-        /// can confirm them is retried in place).
+        /// Bytes held from an earlier run are confirmed by a source, or this connection's source
+        /// cannot confirm them (until then a source that can is retried in place).
         var heldConfirmed = true
         /// The file's length, when known.
         var total: Int64?

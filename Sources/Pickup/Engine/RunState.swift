@@ -876,11 +876,14 @@ struct RunState {
     }
 
     /// What an attempt's outcome is decided with (``Attempt/Facts``), `held` bytes being held
-    /// now; nil when connection `id` is to stop (another goes on alone).
+    /// now; nil when connection `id` is to stop (another goes on alone). The held bytes wait for
+    /// confirmation only at a source that can confirm them: one without a strong validator (a
+    /// dead first URL that never answered) is left like any failing source.
     mutating func facts(for id: Int, holding held: Int64) -> Attempt.Facts? {
         guard !isStopped(id) else { return nil }
+        let confirmer = sources.source(of: id).map { record.validators(of: $0)?.ifRange != nil } ?? false
         return Attempt.Facts(held: heldAtMost(held), othersFetching: activeConnections > 1, several: sources.several,
-                             heldConfirmed: heldConfirmed, total: record.totalLength)
+                             heldConfirmed: heldConfirmed || !confirmer, total: record.totalLength)
     }
 
     /// An attempt of connection `id` at source `source` failed with `failure` (several sources):
