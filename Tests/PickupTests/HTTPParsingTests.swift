@@ -185,17 +185,25 @@ import Testing
 
 @Suite struct CompletionRecordEncodingTests {
     /// The hand-written JSON of a completion record is what JSONEncoder would write: JSONDecoder
-    /// reads it back equal, whatever the strings hold.
+    /// reads it back equal, whatever the strings hold, and with every field set it writes every
+    /// field JSONEncoder writes. (It once left out the mirror whose validators a record keeps:
+    /// a rerun then asked the first URL with them, and fetched the whole file again.)
     @Test(arguments: [false, true])
     func handWrittenJSONDecodesToTheSameRecord(full: Bool) throws {
-        let record = CompletionRecord(
+        var record = CompletionRecord(
             url: "https://h.example/a \"quoted\" \\ path/\u{1}\u{1F}é€😀?x=1&y=/z", name: "naïve \"résumé\".pdf",
             validators: full ? Validators(etag: EntityTag("W/\"x\\y\""), lastModified: "Sun, 06 Nov 1994 08:49:37 GMT",
                                           lastModifiedIsStrong: true) : nil,
             length: 9_007_199_254_740_993, mtime: -5,
-            digest: full ? ExpectedDigest(source: "--checksum", algorithm: .sha256, bytes: Array(0...31)) : nil)
+            digest: full ? ExpectedDigest(source: "--checksum", algorithm: .sha256, bytes: Array(0...31)) : nil,
+            directory: full ? "/d \"x\"/é" : nil)
+        if full { record.source = "https://mirror.example/a \"b\"" }
         let decoded = try JSONDecoder().decode(CompletionRecord.self, from: Data(record.json))
         #expect(decoded == record)
         #expect(decoded == (try JSONDecoder().decode(CompletionRecord.self, from: JSONEncoder().encode(record))))
+        func keys(_ data: Data) throws -> Set<String> {
+            Set((try JSONSerialization.jsonObject(with: data) as? [String: Any] ?? [:]).keys)
+        }
+        #expect(try keys(Data(record.json)) == keys(JSONEncoder().encode(record)))
     }
 }

@@ -413,11 +413,19 @@ struct TortureTests {
             checkFinishedFiles("after run \(run)")
             if last { break }
         }
-        // Once more: nothing new is saved.
+        // Once more: nothing new is saved, and (with a validator to ask with, over HTTP, where
+        // the servers agree on it) no byte of the file is sent again.
         let before = dir.entries
+        let sentBefore = ([path] + mirrorPaths).map { server.requests($0).count }
         let status = try await CLI.run(args, state: state.path, environment: hooks)
         #expect(status == 0, "\(label): the rerun exited \(status)")
         #expect(dir.entries == before, "\(label): the rerun saved another copy: \(dir.entries)")
+        if kind != .none, !overFTP, behaviour != .loadBalanced {
+            let resent = zip([path] + mirrorPaths, sentBefore).reduce(0) { sum, p in
+                sum + server.requests(p.0).dropFirst(p.1).reduce(0) { $0 + $1.bytesSent }
+            }
+            #expect(resent == 0, "\(label): the rerun fetched \(resent) bytes of a finished file again")
+        }
         checkFinishedFiles("after the rerun")
         // One copy per version, the current one among them, no helper file left.
         let finals = dir.entries.filter { !SafeFileName.isHelperName($0) }

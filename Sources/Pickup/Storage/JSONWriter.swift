@@ -70,6 +70,7 @@ extension CompletionRecord {
             }
             w.raw("]}")
         }
+        if let source { w.raw(#","source":"#); w.string(source) }
         w.raw("}")
         return w.bytes
     }
