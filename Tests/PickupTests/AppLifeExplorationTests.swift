@@ -12,7 +12,8 @@ import TestServer
 /// relaunch, against the test server. Invariants, checked as it goes and at the end:
 /// - no download is lost: every one added is there after every relaunch, at the new place;
 /// - the progress shown after a relaunch is not behind what was shown before the app ended (the
-///   manager's shutdown checkpoints every transfer), and never above the file's length;
+///   manager's shutdown checkpoints every transfer; a complete partial file's last byte, asked
+///   again to confirm it, aside), and never above the file's length;
 /// - no lock is held while suspended (looked at from another process);
 /// - once everything is resumed, every file is byte-exact (never a spliced byte), nothing exists
 ///   at an old container's place, and a finished file is known by `isDownloaded`.
@@ -112,8 +113,13 @@ import TestServer
                     }
                     let expected: Destination = .file(home.appending("Documents/\(i).bin"))
                     #expect(info.destination == expected, "\(label): \(info.destination) (\(steps))")
-                    #expect(info.progress.bytesDone >= shownBeforeEnd[id] ?? 0,
-                            "\(label): \(i) shows \(info.progress.bytesDone) after a relaunch, \(shownBeforeEnd[id] ?? 0) before (\(steps))")
+                    // (A complete partial file, the app ended while finishing, has its last byte
+                    // asked again at the next run, so that a file changed since is not put in place:
+                    // Recovery's rule 6. That run's first record holds one byte less.)
+                    let shown = shownBeforeEnd[id] ?? 0
+                    let allowed = shown == Int64(bodies[i].count) ? shown - 1 : shown
+                    #expect(info.progress.bytesDone >= allowed,
+                            "\(label): \(i) shows \(info.progress.bytesDone) after a relaunch, \(shown) before (\(steps))")
                     #expect(info.progress.bytesDone <= Int64(bodies[i].count), "\(label) (\(steps))")
                 }
                 manager = m

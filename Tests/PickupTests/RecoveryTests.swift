@@ -76,6 +76,30 @@ import TestServer
         #expect(Recovery.decide(complete, url: "http://h/f") == .resume(s, merged: [SegmentRecord(start: 0, end: 1000, done: 999)]))
     }
 
+    /// A record that holds no byte (killed before a checkpoint claimed any, with no cursor to add)
+    /// keeps the download's own facts, not what it said of the file: a new version's first answer
+    /// at byte 0 carries no If-Range, and kept, the old validators would have been recorded for its
+    /// bytes. (Torture seed 182103022101: a weak ETag, the file changed, every rerun fetched it again.)
+    @Test func aRecordThatHoldsNothingKeepsOnlyTheDownloadsOwnFacts() {
+        let weak = Validators(etag: EntityTag("W/\"a\""), lastModified: nil, lastModifiedIsStrong: false)
+        for validators in [weak, Self.strong] {
+            var r = Self.record(validators: validators, segments: [SegmentRecord(start: 0, end: 500, done: 0), SegmentRecord(start: 500, end: 1000, done: 0)])
+            r.target = "/d/f (1).bin"
+            r.serverDigest = ExpectedDigest(source: "the server", algorithm: .sha256, bytes: Array(repeating: 1, count: 32))
+            r.mirrors = [SourceRecord(url: "http://m/f", validators: validators, rejected: "its length differs")]
+            r.writers = [[0, 10, 1]]
+            r.rangesServed = true
+            let found = Recovery.Found(record: r, controlExists: true, partialSize: 0, written: nil)
+            guard case .resume(let kept, nil) = Recovery.decide(found, url: "http://h/f") else {
+                Issue.record("a record holding nothing was not taken as it is: \(Recovery.decide(found, url: "http://h/f"))"); continue
+            }
+            #expect(kept.url == r.url && kept.target == r.target && kept.epoch == r.epoch)
+            #expect(kept.validators == nil && kept.totalLength == nil && kept.serverDigest == nil && kept.writers == nil && kept.rangesServed == nil)
+            #expect(kept.segments == [SegmentRecord(start: 0, end: nil, done: 0)])
+            #expect(kept.mirrors == [SourceRecord(url: "http://m/f", validators: nil, rejected: "its length differs")])
+        }
+    }
+
     @Test func rangesThatClaimNothingNeedNoBytesInThePartialFile() {
         // Eight ranges planned, none checkpointed, the file not preallocated: nothing is missing.
         let segments = (0..<8).map { SegmentRecord(start: Int64($0) * 125, end: Int64($0 + 1) * 125, done: 0) }

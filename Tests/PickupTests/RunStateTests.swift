@@ -235,6 +235,69 @@ import Testing
         #expect(before5 == .stop)
     }
 
+    /// A connection's life is the state's say, event by event: it opens on the first range (asking
+    /// the URL given), or on a share of another's once the length is known; one that no source
+    /// has room for never opens; a retired one stops; out of work, it stops.
+    @Test func aConnectionDoesWhatTheStateSaysEventByEvent() throws {
+        let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        var s = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
+                         sources: SourceSet(urls: ["http://a/f"], connections: 2))
+        s.newRound(connections: 2)
+        guard case .fetch(let first, asked: true) = s.connection(0, .opens(finishedAt: nil), now: 0, connections: 2) else {
+            Issue.record("the first connection fetches the first range, asking the URL given"); return
+        }
+        #expect(first.start == 0 && first.position.load(ordering: .relaxed) == 0)
+        _ = s.partialResponse(segment: 0, at: 0, total: 1000, validators: strong, digest: nil, connections: 2)
+        guard case .fetch(let second, asked: false) = s.connection(1, .opens(finishedAt: nil), now: 0, connections: 2) else {
+            Issue.record("the second connection fetches a share"); return
+        }
+        #expect(second.start == 500)
+        // The source takes two: a third never opens (and has nothing to leave).
+        guard case .none = s.connection(2, .opens(finishedAt: nil), now: 0, connections: 2) else {
+            Issue.record("no room, no connection"); return
+        }
+        // Retired: it stops, and once it has left, its range goes to the next that opens.
+        guard case .stop = s.connection(1, .retired, now: 0, connections: 2) else { Issue.record("retired stops"); return }
+        s.connectionLeft(1)
+        guard case .fetch(let again, asked: false) = s.connection(3, .opens(finishedAt: nil), now: 0, connections: 2) else {
+            Issue.record("the range left is taken"); return
+        }
+        #expect(again.start == 500)
+        // Every range written, none left: it stops.
+        first.position.store(500, ordering: .relaxed)
+        again.position.store(1000, ordering: .relaxed)
+        guard case .stop = s.connection(3, .rangeDone, now: 0, connections: 2) else { Issue.record("out of work, it stops"); return }
+    }
+
+    /// After a failure the attempt and the sources decide in one look: one source backs off, then
+    /// gives up past the budget; with several, a failing one is left for another with room at once.
+    @Test func afterAFailureTheAttemptAndTheSourcesDecide() {
+        let limits = Attempt.Limits(retry: RetryPolicy(maxAttemptsWithoutProgress: 2, baseDelay: 0.5, maxDelay: 8, maxRetryAfter: 60),
+                                    maxRedirects: 3)
+        let refused = Attempt.Failure(message: "connection refused")
+        var one = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
+                           sources: SourceSet(urls: ["http://a/f"], connections: 1))
+        one.newRound(connections: 1)
+        _ = one.connection(0, .opens(finishedAt: nil), now: 0, connections: 1)
+        var attempt = Attempt(limits: limits, held: 0)
+        let facts = Attempt.Facts(held: 0, othersFetching: false)
+        let (first, notices) = one.failed(refused, connection: 0, source: 0, attempt: &attempt, facts: facts, jitter: 0)
+        guard case .backOff(let delay) = first else { Issue.record("one source backs off: \(first)"); return }
+        #expect(delay > 0 && notices.count == 1 && notices[0].hasPrefix("connection refused; retrying in"))
+        _ = one.failed(refused, connection: 0, source: 0, attempt: &attempt, facts: facts, jitter: 0)
+        let (last, _) = one.failed(refused, connection: 0, source: 0, attempt: &attempt, facts: facts, jitter: 0)
+        guard case .fail(.network) = last else { Issue.record("past the budget it gives up: \(last)"); return }
+
+        var two = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
+                           sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 1))
+        two.newRound(connections: 1)
+        _ = two.connection(0, .opens(finishedAt: nil), now: 0, connections: 1)
+        var other = Attempt(limits: limits, held: 0)
+        let (moved, _) = two.failed(refused, connection: 0, source: 0, attempt: &other,
+                                    facts: .init(held: 0, othersFetching: false, several: true), jitter: 0)
+        #expect(moved == .moveTo(1))
+    }
+
     /// A resumed run whose first connection's range holds nothing asks the first URL; when that
     /// one has no validator (a dead mirror that never answered) and fails, the connection moves to
     /// the others at once: only a source that can confirm the held bytes is retried in place.
@@ -348,16 +411,26 @@ import Testing
     @Test func aConnectionOpensAndTakesWorkInOneEvent() {
         var s = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
         s.newRound(connections: 3)
-        let first = s.connectionOpens(0, finishedAt: nil, now: 0, connections: 3)
-        #expect(first?.asked == true && first?.cursor?.segment == 0 && s.cursors[0] === first?.cursor)
+        guard case .fetch(let first, asked: true) = s.connection(0, .opens(finishedAt: nil), now: 0, connections: 3) else {
+            Issue.record("connection 0 opens on the first range"); return
+        }
+        #expect(first.segment == 0 && s.cursors[0] === first)
         // A finished file's check is made at the source its validators are from: a mirror's.
         var m = RunState(record: ControlRecord.empty(url: "http://a/f"), minSplit: 100,
                          sources: SourceSet(urls: ["http://a/f", "http://b/f"], connections: 2))
         m.newRound(connections: 2)
-        let atMirror = m.connectionOpens(0, finishedAt: "http://b/f", now: 0, connections: 2)
-        #expect(atMirror?.asked == true && m.sources.source(of: 0) == 1, "connection 0 asks the mirror the finished file came from")
-        let elsewhere = s.connectionOpens(1, finishedAt: "http://other/", now: 0, connections: 3)
-        #expect(elsewhere?.asked == true && s.sources.source(of: 1) == 0, "an unknown source is not asked about; the URL given is")
+        guard case .fetch(_, asked: true) = m.connection(0, .opens(finishedAt: "http://b/f"), now: 0, connections: 2) else {
+            Issue.record("connection 0 makes the check"); return
+        }
+        #expect(m.sources.source(of: 0) == 1, "connection 0 asks the mirror the finished file came from")
+        var u = RunState(record: ControlRecord.empty(url: "u"), minSplit: 100)
+        u.newRound(connections: 1)
+        guard case .fetch(_, asked: true) = u.connection(0, .opens(finishedAt: "http://other/"), now: 0, connections: 1) else {
+            Issue.record("connection 0 makes the check"); return
+        }
+        #expect(u.sources.source(of: 0) == 0, "an unknown source is not asked about; the URL given is")
+        _ = s.connection(1, .opens(finishedAt: nil), now: 0, connections: 3)
+        #expect(s.sources.source(of: 1) == 0)
         _ = s.partialResponse(segment: 0, at: 0, total: 100_000,
                               validators: Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false),
                               digest: nil, connections: 3)
@@ -365,9 +438,13 @@ import Testing
         guard let c = work.cursor else { Issue.record("no range for connection 1: \(work)"); return }
         #expect(c.segment != 0 && s.cursors[c.segment] === c, "its writer is registered")
         #expect(c.end.load(ordering: .relaxed) == s.end(ofRange: c.segment, startingAt: c.start), "its end is its range's")
-        _ = s.connectionOpens(2, finishedAt: nil, now: 0, connections: 3)
+        _ = s.connection(2, .opens(finishedAt: nil), now: 0, connections: 3)
         let keeper = s.holdConnections(writers: Self.writers(s))!
         let held = (0..<3).first { $0 != keeper }!
+        var probe = s
+        guard case .waitForRestore = probe.connection(held, .rangeDone, now: 1, connections: 3) else {
+            Issue.record("a held connection out of work waits to be brought back"); return
+        }
         let none = s.work(for: held, endgame: true, now: 1, connections: 3)
         #expect(none.cursor == nil && s.waitsForRestore(held) && !s.waitsForRestore(keeper))
         var t = s

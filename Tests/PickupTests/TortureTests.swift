@@ -80,7 +80,12 @@ struct TortureTests {
                                        // first range held nothing (the hash search's refetch) asked the dead URL,
                                        // and as the held bytes were unconfirmed it retried it in place until it gave
                                        // up (now only a source that can confirm them is retried in place).
-                                       369_392_275_359]
+                                       369_392_275_359,
+                                       // A weak ETag, the file changed after a kill that left a record holding
+                                       // nothing: the new version was recorded under the old validators, and
+                                       // every rerun fetched it again (now such a record keeps only the
+                                       // download's own facts).
+                                       182_103_022_101]
     /// The seeds found before mirrors were explored: they replay without them.
     static let seedsBeforeMirrors = fixedSeeds.prefix(5)
     /// The seeds found before ranges in pieces and Metalink documents were explored: they replay without them.
@@ -424,7 +429,7 @@ struct TortureTests {
             let resent = zip([path] + mirrorPaths, sentBefore).reduce(0) { sum, p in
                 sum + server.requests(p.0).dropFirst(p.1).reduce(0) { $0 + $1.bytesSent }
             }
-            #expect(resent == 0, "\(label): the rerun fetched \(resent) bytes of a finished file again")
+            #expect(resent == 0, "\(label): the rerun fetched \(resent) bytes of a finished file again: \(zip([path] + mirrorPaths, sentBefore).flatMap { p in server.requests(p.0).dropFirst(p.1).map { "\($0.status) \($0.headers)" } })")
         }
         checkFinishedFiles("after the rerun")
         // One copy per version, the current one among them, no helper file left.

@@ -215,8 +215,12 @@ final class Handler: ChannelInboundHandler, RemovableChannelHandler {
                 return Plan(status: 412, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
             }
         }
-        // Conditional GET.
+        // Conditional GET (If-Modified-Since only without If-None-Match, RFC 9110 §13.1.3; dates
+        // compared as text, as above: the same date is no modification).
         if !r.ignoresConditionals, let inm = recorded["if-none-match"], let e = r.etag, inm == e || inm == "*" {
+            return Plan(status: 304, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
+        }
+        if !r.ignoresConditionals, recorded["if-none-match"] == nil, let ims = recorded["if-modified-since"], let lm = r.lastModified, ims == lm {
             return Plan(status: 304, headers: headers, body: [], fault: nil, rate: nil, logIndex: index)
         }
         var status = 200

@@ -80,56 +80,49 @@ extension FileDownload {
     }
 
     /// One connection: fetches its range, then takes more work from the state until none is left.
+    /// What it does next is the state's say (``RunState/connection(_:_:now:connections:)``): this
+    /// runs it.
     func connection(_ id: Int, file: PartialFile, conditional: (FilePath, CompletionRecord)?) async throws {
         // Each connection asks one source at a time: the first asks the URL given first (unless
         // it was rejected or sent a bad piece), the others the best source with room.
         // A finished file is asked about at the source whose validators it has.
-        guard let opened = state.withLockedValue({ state in
-            state.connectionOpens(id, finishedAt: conditional?.1.source, now: Clock.monotonic(), connections: options.connections)
-        }) else { return }
+        var action = step(id, .opens(finishedAt: conditional?.1.source))
+        if case .none = action { return }
         defer {
             // The connection the tuner kept left with bytes to fetch: the held ones go on.
             if state.withLockedValue({ $0.connectionLeft(id) }) { bringHeldBack() }
         }
-        var conditional = opened.asked ? conditional : nil
-        var cursor = opened.cursor
+        var conditional = conditional
         while true {
-            while let c = cursor {
-                switch try await fetchRange(id, cursor: c, file: file, conditional: conditional) {
-                case .done:
-                    conditional = nil
-                    // Endgame: out of work while other ranges are still running; wait until one of
-                    // them could count as stalled and ask again (cancelled when every byte is held).
-                    var next = work(id, endgame: true)
-                    while case .wait(let seconds) = next {
-                        try await Task.sleep(nanoseconds: Seconds.nanoseconds(seconds))
-                        next = work(id, endgame: true)
-                    }
-                    cursor = next.cursor
-                case .cut:
-                    // Its connection is closed: a new one is opened only for a range no connection
-                    // has; taking part of another's would cut that one's response in turn (a new
-                    // TCP and TLS handshake each time, for the last few megabytes).
-                    guard let next = work(id, unownedOnly: true).cursor else { return }
-                    cursor = next
-                case .retired:
-                    return
-                case .ended(let early):
-                    state.withLockedValue { $0.ended(early: early) }
-                    return
+            switch action {
+            case .fetch(let cursor, let asked):
+                let outcome = try await fetchRange(id, cursor: cursor, file: file, conditional: asked ? conditional : nil)
+                conditional = nil  // (the finished file's check is the first request's)
+                switch outcome {
+                case .done: action = step(id, .rangeDone)
+                case .cut: action = step(id, .rangeCut)
+                case .retired: action = step(id, .retired)
+                case .ended(let early): action = step(id, .ended(early))
                 }
+            case .wait(let seconds):
+                // Endgame: out of work while other ranges are still running; wait until one of
+                // them could count as stalled and ask again (cancelled when every byte is held).
+                try await Task.sleep(nanoseconds: Seconds.nanoseconds(seconds))
+                action = step(id, .waited)
+            case .waitForRestore:
+                // Shed (see ``ConnectionTuner``): wait in case the connections are brought back;
+                // the wait ends by cancellation when the download is complete.
+                try await restore.wait()
+                action = step(id, .restored)
+            case .stop, .none:
+                return
             }
-            // Shed (see ``ConnectionTuner``): wait in case the connections are brought back; the
-            // wait ends by cancellation when the download is complete.
-            guard state.withLockedValue({ $0.waitsForRestore(id) }) else { return }
-            try await restore.wait()
-            cursor = work(id).cursor
         }
     }
 
-    /// Connection `id`'s next work (``RunState/work(for:unownedOnly:endgame:now:connections:)``).
-    func work(_ id: Int, unownedOnly: Bool = false, endgame: Bool = false) -> RunState.Work {
-        state.withLockedValue { $0.work(for: id, unownedOnly: unownedOnly, endgame: endgame, now: Clock.monotonic(), connections: options.connections) }
+    /// Applies connection `id`'s `event` to the run's state: what it does next.
+    func step(_ id: Int, _ event: RunState.ConnectionEvent) -> RunState.ConnectionAction {
+        state.withLockedValue { $0.connection(id, event, now: Clock.monotonic(), connections: options.connections) }
     }
 
     enum RangeOutcome {
@@ -304,35 +297,22 @@ extension FileDownload {
 
     enum AfterFailure { case again, moveTo(Int), retired }
 
-    /// A counted failure of connection `id` at `source`: the attempt's answer, the sources' where
-    /// there are several, then the backoff (or the end of this connection, or of the download).
+    /// A counted failure of connection `id` at `source`: what the run's state decides
+    /// (``RunState/failed(_:connection:source:attempt:facts:jitter:)``), run: a backoff (or the
+    /// end of this connection, or of the download).
     func afterFailure(_ failure: Attempt.Failure, _ id: Int, source: Int, facts: Attempt.Facts,
                       attempt: inout Attempt) async throws -> AfterFailure {
-        var next = attempt.failed(failure, connection: id, facts: facts, jitter: Double.random(in: 0...1))
-        if case .askSources(let f, let tooLong) = next {
-            // Several sources: a busy one (503, too many connections) takes no more, a failing
-            // one is left for another with room, and one that keeps failing is retired.
-            let (answer, notice) = state.withLockedValue { $0.attemptFailed(source: source, connection: id, f, tooLong: tooLong) }
-            if let notice { onEvent(.notice(notice)) }
-            switch answer {
-            case .retry:
-                next = attempt.afterSources(f, connection: id, facts: facts, jitter: Double.random(in: 0...1))
-            case .moveTo(let to):
-                return .moveTo(to)
-            case .leave:
-                if !f.busy { onEvent(.notice(Attempt.retired(id, f.message))) }
-                return .retired
-            }
+        let jitter = Double.random(in: 0...1)
+        let (next, notices) = state.withLockedValue {
+            $0.failed(failure, connection: id, source: source, attempt: &attempt, facts: facts, jitter: jitter)
         }
+        for notice in notices { onEvent(.notice(notice)) }
         switch next {
-        case .askSources: return .again  // (answered above)
-        case .leave(let notice):
-            onEvent(.notice(notice))
-            return .retired
+        case .moveTo(let to): return .moveTo(to)
+        case .leave: return .retired
         case .fail(let error): throw error
-        case .backOff(let delay, let notice):
+        case .backOff(let delay):
             checkpointSoon()
-            onEvent(.notice(notice))
             try await Task.sleep(nanoseconds: Seconds.nanoseconds(delay))
             return .again
         }

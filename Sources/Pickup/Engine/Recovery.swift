@@ -14,6 +14,8 @@
 /// 5. Held bytes (claimed and recovered) are kept across runs only with a strong validator,
 ///    which the next request sends in `If-Range` and the response must confirm. Else everything
 ///    is discarded, so that bytes of two versions are never combined.
+///    A record that holds no byte keeps only the download's own facts (URL, target, mirrors):
+///    what it said of the file is about no byte, maybe of an older version.
 /// 6. A complete file (killed while finishing) is confirmed too: its last byte is asked again
 ///    with `If-Range`, so that a file changed since is fetched anew, not put in place as current.
 /// 7. With mirrors, a strong validator of any source will do for rule 5, and no byte from a
@@ -88,6 +90,13 @@ enum Recovery {
             return (next, sum.1 || o)
         }
         if overflow { return .startOver("the partial download's control file is damaged; starting over") }
+        // Nothing held: what the record says of the file (validators, length, ranges, the server's
+        // digest, who wrote what) is about no byte here, and may be of a version the server no
+        // longer has; kept, a first answer at byte 0 (no If-Range) of another version would be
+        // recorded under the old validators, and the finished file checked with them (a weak
+        // validator never corrects itself). The download's own facts stay: its URL, its
+        // target's name, its mirrors and their rejections.
+        if held == 0 { return .resume(record.holdingNothing, merged: nil) }
         // With mirrors, a strong validator of any source that is not rejected will do: the run's
         // first request from held bytes goes to such a source (``FileDownload/fetchRange``).
         let strong = record.validators?.ifRange != nil
@@ -101,5 +110,16 @@ enum Recovery {
             segments[last].done -= 1
         }
         return .resume(record, merged: segments == record.segments ? nil : segments)
+    }
+}
+
+extension ControlRecord {
+    /// This download with nothing held and nothing known of the file: its URL, target, epoch and
+    /// mirrors (their rejections, not their validators) stay (``Recovery/decide(_:url:)``).
+    var holdingNothing: ControlRecord {
+        var r = ControlRecord(url: url, target: target, validators: nil, totalLength: nil,
+                              segments: [SegmentRecord(start: 0, end: nil, done: 0)], epoch: epoch)
+        r.mirrors = mirrors?.map { SourceRecord(url: $0.url, rejected: $0.rejected) }
+        return r
     }
 }

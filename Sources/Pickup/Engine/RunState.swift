@@ -710,15 +710,6 @@ struct RunState {
         return (source, source == asked)
     }
 
-    /// Connection `id` opens (``connectionStarts(_:finishedAt:)``) with its first writer:
-    /// connection 0's is the first unfinished range, another's the range ``work(for:unownedOnly:endgame:now:connections:)``
-    /// gives it. Returns whether it asks the source `finishedAt` names, and its writer (nil: no work
-    /// yet); nil when no source has room.
-    mutating func connectionOpens(_ id: Int, finishedAt: String?, now: Double, connections: Int) -> (asked: Bool, cursor: SegmentCursor?)? {
-        guard let start = connectionStarts(id, finishedAt: finishedAt) else { return nil }
-        return (start.asked, id == 0 ? firstWriter() : work(for: id, now: now, connections: connections).cursor)
-    }
-
     /// The first unfinished range's writer, claimed by connection 0 (``firstRange()``).
     mutating func firstWriter() -> SegmentCursor {
         let first = firstRange()
