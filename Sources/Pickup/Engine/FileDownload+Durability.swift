@@ -89,11 +89,7 @@ extension FileDownload {
     /// Starts over from zero after the representation changed (or cannot be resumed).
     func restartFromZero(_ file: PartialFile) async throws {
         try await BlockingIO.run {
-            try self.discardHeld(file) { record in
-                record.totalLength = nil
-                record.serverDigest = nil
-                record.segments = [SegmentRecord(start: 0, end: nil, done: 0)]
-            }
+            try self.discardHeld(file) { _ in }  // (nothing known of the file: ``ControlRecord/holdingNothing(rejections:)``)
         }
     }
 

@@ -96,7 +96,7 @@ enum Recovery {
         // recorded under the old validators, and the finished file checked with them (a weak
         // validator never corrects itself). The download's own facts stay: its URL, its
         // target's name, its mirrors and their rejections.
-        if held == 0 { return .resume(record.holdingNothing, merged: nil) }
+        if held == 0 { return .resume(record.holdingNothing(rejections: true), merged: nil) }
         // With mirrors, a strong validator of any source that is not rejected will do: the run's
         // first request from held bytes goes to such a source (``FileDownload/fetchRange``).
         let strong = record.validators?.ifRange != nil
@@ -115,11 +115,13 @@ enum Recovery {
 
 extension ControlRecord {
     /// This download with nothing held and nothing known of the file: its URL, target, epoch and
-    /// mirrors (their rejections, not their validators) stay (``Recovery/decide(_:url:)``).
-    var holdingNothing: ControlRecord {
+    /// mirrors stay, with their rejections when `rejections` (a recovery that found nothing held,
+    /// ``Recovery/decide(_:url:)``; a restart for a new representation forgets them too,
+    /// ``RunState/restarted(_:)``).
+    func holdingNothing(rejections: Bool) -> ControlRecord {
         var r = ControlRecord(url: url, target: target, validators: nil, totalLength: nil,
                               segments: [SegmentRecord(start: 0, end: nil, done: 0)], epoch: epoch)
-        r.mirrors = mirrors?.map { SourceRecord(url: $0.url, rejected: $0.rejected) }
+        r.mirrors = mirrors?.map { SourceRecord(url: $0.url, rejected: rejections ? $0.rejected : nil) }
         return r
     }
 }

@@ -642,10 +642,7 @@ struct RunState {
         scheduler = nil
         // Every source's validators, rejections and writes were about the bytes discarded now.
         return checkpoints.restarted { r in
-            r.validators = nil
-            for i in (r.mirrors ?? []).indices { r.mirrors![i] = SourceRecord(url: r.mirrors![i].url) }
-            r.writers = nil
-            r.rangesServed = nil
+            r = r.holdingNothing(rejections: false)
             reset(&r)
         }
     }
