@@ -298,6 +298,68 @@ import Testing
         #expect(moved == .moveTo(1))
     }
 
+    /// Failures explored: one connection fails again and again at whatever source the state sends
+    /// it to, among 1 to 4 sources, each with a strong validator or none, bytes held from an
+    /// earlier run or not. Whatever the draw: it never waits in place at a source that cannot
+    /// confirm the held bytes while another live source could take it (torture seed
+    /// 369392275359), never moves to a retired source nor to the one it is at, and the run ends
+    /// (gives up or leaves) within the budget of failures without progress: every wait has a bound.
+    @Test func exploredFailuresNeverWaitOnASourceThatCannotConfirmAndEnd() {
+        var rng = SplitMix(state: propertySeed("PICKUP_FAILURES_SEED", "exploredFailuresNeverWaitOnASourceThatCannotConfirmAndEnd"))
+        let strong = Validators(etag: EntityTag("\"x\""), lastModified: nil, lastModifiedIsStrong: false)
+        let budget = 4
+        let limits = Attempt.Limits(retry: RetryPolicy(maxAttemptsWithoutProgress: budget, baseDelay: 0.5, maxDelay: 8, maxRetryAfter: 60),
+                                    maxRedirects: 3)
+        for sequence in 0..<500 {
+            let count = 1 + Int(rng.next() % 4)
+            let urls = (0..<count).map { "http://s\($0)/f" }
+            var confirms = (0..<count).map { _ in rng.next() % 2 == 0 }
+            let holding = rng.next() % 2 == 0
+            if holding, !confirms.contains(true) { confirms[Int(rng.next() % UInt64(count))] = true }
+            var s = RunState(record: ControlRecord.empty(url: urls[0]), minSplit: 100, sources: SourceSet(urls: urls, connections: 1))
+            if holding {
+                var held = ControlRecord.empty(url: urls[0])
+                held.totalLength = 1000
+                held.segments = [SegmentRecord(start: 0, end: 500, done: 0), SegmentRecord(start: 500, end: 1000, done: 500)]
+                s.loaded(held)
+                _ = s.started()
+            }
+            s.describe { r in for (i, c) in confirms.enumerated() where c { r.setValidators(strong, of: i) } }
+            s.newRound(connections: 1)
+            _ = s.connection(0, .opens(finishedAt: nil), now: 0, connections: 1)
+            var at = s.sources.source(of: 0) ?? 0
+            var attempt = Attempt(limits: limits, held: holding ? 500 : 0)
+            var steps: [String] = []
+            var ended = false
+            for failure in 1...(budget + 2) {
+                let label = "sequence \(sequence): \(count) sources, confirming \(confirms), holding \(holding): \(steps)"
+                guard let facts = s.facts(for: 0, holding: holding ? 500 : 0) else { Issue.record("\(label): stopped"); break }
+                let busy = rng.next() % 4 == 0
+                let (next, _) = s.failed(.init(message: busy ? "503" : "refused", busy: busy), connection: 0, source: at,
+                                         attempt: &attempt, facts: facts, jitter: Double(rng.next() % 100) / 100)
+                steps.append("\(busy ? "busy" : "failed") at \(at): \(next)")
+                switch next {
+                case .backOff:
+                    // Waiting here: nowhere else to go, or a source that can confirm the held bytes
+                    // (or a busy one, asked once more: a busy server is alive).
+                    let elsewhere = s.sources.live.contains { $0 != at }
+                    #expect(busy || !(count > 1 && holding && !confirms[at] && elsewhere),
+                            "\(label): \(steps.last ?? ""): waits at a source that cannot confirm the held bytes while another is live")
+                case .moveTo(let to):
+                    #expect(to != at && !s.sources.isRetired(to), "\(label): moved to \(to)")
+                    at = to
+                case .leave, .fail:
+                    ended = true
+                }
+                if ended {
+                    #expect(failure <= budget + 1, "\(label): ended late")
+                    break
+                }
+            }
+            #expect(ended, "sequence \(sequence): \(count) sources, confirming \(confirms), holding \(holding): never ended: \(steps)")
+        }
+    }
+
     /// A resumed run whose first connection's range holds nothing asks the first URL; when that
     /// one has no validator (a dead mirror that never answered) and fails, the connection moves to
     /// the others at once: only a source that can confirm the held bytes is retried in place.
