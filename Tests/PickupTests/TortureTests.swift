@@ -418,10 +418,26 @@ struct TortureTests {
             checkFinishedFiles("after run \(run)")
             if last { break }
         }
-        // Once more: nothing new is saved, and (with a validator to ask with, over HTTP, where
-        // the servers agree on it) no byte of the file is sent again.
+        // Once more: nothing new is saved, and no byte of the file is sent again (over HTTP with a
+        // validator to ask with, where the servers agree on it; over FTP, no transfer).
         let before = dir.entries
         let sentBefore = ([path] + mirrorPaths).map { server.requests($0).count }
+        // Over FTP: the transfers of the file the server started (its log's RETR lines, written
+        // as each starts). The check is SIZE and MDTM: no RETR.
+        func retrievals() -> Int {
+            let file = servers.ftpRoot.file("t\(index).bin").string
+            switch behaviour {
+            case .overFTP: return servers.ftp?.retrievals(file) ?? 0
+            case .overFlakyFTP: return flaky?.retrievals(file) ?? 0
+            case .overFTPS:  // (`FTP command: Client "127.0.0.1", "RETR t3.bin"`, the path as sent)
+                let name = "t\(index).bin\""
+                return servers.ftps?.0.log.components(separatedBy: "\n").filter {
+                    $0.contains("\"RETR ") && ($0.contains(" " + name) || $0.contains("/" + name))
+                }.count ?? 0
+            default: return 0
+            }
+        }
+        let retrievedBefore = retrievals()
         let status = try await CLI.run(args, state: state.path, environment: hooks)
         #expect(status == 0, "\(label): the rerun exited \(status)")
         #expect(dir.entries == before, "\(label): the rerun saved another copy: \(dir.entries)")
@@ -430,6 +446,10 @@ struct TortureTests {
                 sum + server.requests(p.0).dropFirst(p.1).reduce(0) { $0 + $1.bytesSent }
             }
             #expect(resent == 0, "\(label): the rerun fetched \(resent) bytes of a finished file again: \(zip([path] + mirrorPaths, sentBefore).flatMap { p in server.requests(p.0).dropFirst(p.1).map { "\($0.status) \($0.headers)" } })")
+        }
+        if overFTP {
+            let retrieved = retrievals() - retrievedBefore
+            #expect(retrieved == 0, "\(label): the rerun retrieved the finished file \(retrieved) times")
         }
         checkFinishedFiles("after the rerun")
         // One copy per version, the current one among them, no helper file left.
