@@ -145,7 +145,7 @@ import Testing
         // Until the held bytes are confirmed, the source that can confirm them is retried in place.
         var c = Attempt(limits: limits, held: 0)
         guard case .backOff = c.failed(.init(message: "x"), connection: 0,
-                                       facts: .init(held: 0, othersFetching: false, several: true, heldConfirmed: false), jitter: 0)
+                                       facts: .init(held: 0, othersFetching: false, several: true, confirmsHeld: true), jitter: 0)
         else { Issue.record("retried in place"); return }
     }
 
@@ -168,7 +168,7 @@ import Testing
                     unresolvedSinceMove = 0
                 }
                 let facts = Attempt.Facts(held: held, othersFetching: Bool.random(using: &rng), several: Int.random(in: 0..<4, using: &rng) == 0,
-                                          heldConfirmed: Int.random(in: 0..<5, using: &rng) != 0)
+                                          confirmsHeld: Int.random(in: 0..<5, using: &rng) == 0)
                 let errors: [TransportError] = [.transient("t"), .busy("b"), .stalled(seconds: 1), .unresolved(host: "h"), .fatal("f"),
                                                 .protocolViolation("p"), .refused("r"), .proxyRefused(status: 407, reason: "x"),
                                                 .proxyRefused(status: 502, reason: "y")]
@@ -196,10 +196,10 @@ import Testing
                 let progressed = held > a.heldAtLastFailure
                 var next = a.failed(failure, connection: 1, facts: facts, jitter: Double.random(in: 0...1, using: &rng))
                 if case .askSources(_, let tooLong) = next {
-                    #expect(facts.several && facts.heldConfirmed && a.failuresInRow <= limits.retry.maxAttemptsWithoutProgress)
+                    #expect(facts.several && !facts.confirmsHeld && a.failuresInRow <= limits.retry.maxAttemptsWithoutProgress)
                     #expect(tooLong == (failure.retryAfter.map { Double($0) > 60 } ?? false))
                     next = a.afterSources(failure, connection: 1, facts: facts, jitter: Double.random(in: 0...1, using: &rng))
-                } else if facts.several, facts.heldConfirmed, a.failuresInRow <= limits.retry.maxAttemptsWithoutProgress {
+                } else if facts.several, !facts.confirmsHeld, a.failuresInRow <= limits.retry.maxAttemptsWithoutProgress {
                     Issue.record("several sources are asked first: \(next)")
                 }
                 switch next {

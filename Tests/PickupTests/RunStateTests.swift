@@ -380,7 +380,7 @@ import Testing
         #expect(before == .go(source: 0, several: true, validators: nil, total: 1000, patience: 0))
         // The held bytes are not confirmed, but the dead source cannot confirm them.
         let facts = s.facts(for: 0, holding: 500)
-        #expect(facts?.heldConfirmed == true)
+        #expect(facts?.confirmsHeld == false)
         var attempt = Attempt(limits: .init(retry: RetryPolicy(maxAttemptsWithoutProgress: 4, baseDelay: 0.5, maxDelay: 8, maxRetryAfter: 60), maxRedirects: 5), held: 500)
         let action = attempt.failed(.init(message: "connection refused"), connection: 0, facts: facts!, jitter: 0)
         #expect(action == .askSources(.init(message: "connection refused"), tooLong: false))
@@ -388,7 +388,7 @@ import Testing
         #expect(next == .moveTo(1))
         // At the source that can confirm them, a failure is retried in place.
         let there = s.facts(for: 0, holding: 500)
-        #expect(there?.heldConfirmed == false)
+        #expect(there?.confirmsHeld == true)
     }
 
     /// A source's fault (not this file, changed, refused): with several sources the connection

@@ -24,9 +24,10 @@ struct Attempt: Sendable, Equatable {
         var othersFetching: Bool
         /// The file has several sources (mirrors).
         var several = false
-        /// Bytes held from an earlier run are confirmed by a source, or this connection's source
-        /// cannot confirm them (until then a source that can is retried in place).
-        var heldConfirmed = true
+        /// Bytes held from an earlier run are not confirmed yet and this connection's source can
+        /// confirm them (a strong validator): a failure there is retried in place, not handed to
+        /// the other sources.
+        var confirmsHeld = false
         /// The file's length, when known.
         var total: Int64?
     }
@@ -135,7 +136,7 @@ struct Attempt: Sendable, Equatable {
         // Several sources: a busy one takes no more, a failing one is left for another with room,
         // and one that keeps failing is retired (until the held bytes are confirmed, the source
         // that can confirm them is retried in place).
-        if facts.several, failuresInRow <= limits.retry.maxAttemptsWithoutProgress, facts.heldConfirmed {
+        if facts.several, failuresInRow <= limits.retry.maxAttemptsWithoutProgress, !facts.confirmsHeld {
             // One that asks for a longer wait than we give is not waited for while others serve.
             let tooLong = failure.retryAfter.map { Double($0) > limits.retry.maxRetryAfter } ?? false
             return .askSources(failure, tooLong: tooLong)

@@ -18,9 +18,10 @@
 ///    what it said of the file is about no byte, maybe of an older version.
 /// 6. A complete file (killed while finishing) is confirmed too: its last byte is asked again
 ///    with `If-Range`, so that a file changed since is fetched anew, not put in place as current.
-/// 7. With mirrors, a strong validator of any source will do for rule 5, and no byte from a
-///    source that cannot confirm the held bytes is taken before one that can has (the run's
-///    first request from held bytes goes to a source with a strong validator).
+/// 7. With mirrors, a strong validator of any source will do for rule 5, and a request from held
+///    bytes goes to a source with one (``RunState/beforeAttempt(_:at:holding:)``): no byte from a
+///    source that cannot confirm them is taken into a range that holds bytes before one that can
+///    has. Until then only such a source is retried in place (``RunState/facts(for:holding:)``).
 enum Recovery {
     /// What an earlier run left.
     struct Found {
@@ -98,7 +99,7 @@ enum Recovery {
         // target's name, its mirrors and their rejections.
         if held == 0 { return .resume(record.holdingNothing(rejections: true), merged: nil) }
         // With mirrors, a strong validator of any source that is not rejected will do: the run's
-        // first request from held bytes goes to such a source (``FileDownload/fetchRange``).
+        // requests from held bytes go to such a source (``RunState/beforeAttempt(_:at:holding:)``).
         let strong = record.validators?.ifRange != nil
             || (record.mirrors ?? []).contains { $0.rejected == nil && $0.validators?.ifRange != nil }
         if held > 0, !strong {

@@ -871,7 +871,7 @@ struct RunState {
         guard !isStopped(id) else { return nil }
         let confirmer = sources.source(of: id).map { record.validators(of: $0)?.ifRange != nil } ?? false
         return Attempt.Facts(held: heldAtMost(held), othersFetching: activeConnections > 1, several: sources.several,
-                             heldConfirmed: heldConfirmed || !confirmer, total: record.totalLength)
+                             confirmsHeld: !heldConfirmed && confirmer, total: record.totalLength)
     }
 
     /// An attempt of connection `id` at source `source` failed with `failure` (several sources):
