@@ -116,21 +116,20 @@ public final class Nginx: @unchecked Sendable {
         var held: [Int32] = []
         defer { for fd in held { close(fd) } }
         for _ in 0..<100 {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            guard fd >= 0 else { break }
-            held.append(fd)  // bound until a new port is found, so the kernel cannot offer it again
-            var addr = sockaddr_in()
-            addr.sin_family = sa_family_t(AF_INET)
-            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-            addr.sin_port = 0
-            var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let ok = withUnsafeMutablePointer(to: &addr) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(fd, $0, len) == 0 && getsockname(fd, $0, &len) == 0
-                }
+            var port = 0
+            let bound = withLoopbackSocket(port: 0) { fd, address, length in
+                guard bind(fd, address, length) == 0 else { return false }
+                var named = sockaddr_in(), size = socklen_t(MemoryLayout<sockaddr_in>.size)
+                guard withUnsafeMutablePointer(to: &named, {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &size) == 0 }
+                }) else { return false }
+                port = Int(UInt16(bigEndian: named.sin_port))
+                // Kept bound until a new port is found, so that the kernel cannot offer it again.
+                let kept = dup(fd)
+                if kept >= 0 { held.append(kept) }
+                return true
             }
-            guard ok else { break }
-            let port = Int(UInt16(bigEndian: addr.sin_port))
+            guard bound else { break }
             if Ports.claim(port) { return port }
         }
         throw NSError(domain: "no free port", code: 3)
